@@ -1,0 +1,40 @@
+package sqlite_test
+
+import (
+	"context"
+	"path/filepath"
+	"testing"
+
+	"go.uber.org/goleak"
+
+	"github.com/fenced-dev/fenced/backend/sqlite"
+	"github.com/fenced-dev/fenced/driver"
+	"github.com/fenced-dev/fenced/driver/drivertest"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+// newTarget gives each test its own database file.
+func newTarget(t *testing.T) drivertest.Target {
+	path := filepath.Join(t.TempDir(), "fenced.db")
+	open := func(t *testing.T) *sqlite.Driver {
+		d, err := sqlite.Open(path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = d.Close() })
+		return d
+	}
+	admin := open(t)
+	return drivertest.Target{
+		Open: func(t *testing.T) driver.Driver { return open(t) },
+		Expire: func(ctx context.Context, resource string) error {
+			_, err := admin.DB().ExecContext(ctx, `UPDATE fenced_resources
+				SET lease_until = CAST(unixepoch('subsec') * 1000000 AS INTEGER) - 1000000
+				WHERE resource = ? AND lease_until IS NOT NULL`, resource)
+			return err
+		},
+	}
+}
+
+func TestConformance(t *testing.T) { drivertest.Run(t, newTarget) }

@@ -1,0 +1,107 @@
+package fenced
+
+import (
+	"errors"
+	"fmt"
+	"time"
+)
+
+// Sentinel errors, for errors.Is. Each typed error below matches exactly one of them.
+var (
+	// ErrBusy: another owner holds an unexpired lease on the resource. Nothing changed.
+	ErrBusy = errors.New("resource is busy")
+
+	// ErrNotProvisioned: the resource has no row. Nothing changed.
+	ErrNotProvisioned = errors.New("resource not provisioned")
+
+	// ErrRefused: the database refused a publication, renewal or release because the lease
+	// presented is not current. Nothing changed.
+	ErrRefused = errors.New("lease is not current")
+
+	// ErrNothingPublished: Get found the resource but no accepted publication.
+	ErrNothingPublished = errors.New("nothing published")
+
+	// ErrInvalid: an argument failed validation before anything was sent to the database.
+	ErrInvalid = errors.New("invalid argument")
+
+	// ErrLeaseLost: Run stopped trusting its lease (the trust window ended or a renewal was
+	// refused) before publishing, so the build's output was discarded unpublished.
+	ErrLeaseLost = errors.New("lease lost")
+)
+
+// BusyError reports that an unexpired lease prevented acquisition.
+// It matches ErrBusy.
+type BusyError struct {
+	Resource string
+	// Generation is the holder's generation as read after the refused statement (advisory).
+	Generation int64
+	// LeaseUntil is the holder's expiry on the database's clock (advisory).
+	LeaseUntil time.Time
+}
+
+func (e *BusyError) Error() string {
+	return fmt.Sprintf("resource %q is busy: generation %d is held until %s",
+		e.Resource, e.Generation, e.LeaseUntil.UTC().Format(time.RFC3339Nano))
+}
+
+func (e *BusyError) Is(target error) bool { return target == ErrBusy }
+
+// Cause is the best-effort reason a lease was refused. It is read after the refused statement
+// and may already be out of date when it is returned; only the refusal itself is certain.
+type Cause string
+
+const (
+	CauseSuperseded       Cause = "superseded"        // a later acquisition took the resource
+	CauseExpired          Cause = "expired"           // the lease ran out and nobody took over yet
+	CauseAlreadyPublished Cause = "already_published" // this generation has already published
+	CauseReleased         Cause = "released"          // the lease was released
+	CauseNotProvisioned   Cause = "not_provisioned"   // the resource row does not exist
+	CauseUnknown          Cause = "unknown"           // the row matched on re-read (a race); cause unclear
+)
+
+// RefusedError reports that the database refused an operation carrying a lease.
+// It matches ErrRefused, and also ErrNotProvisioned when the cause is CauseNotProvisioned.
+type RefusedError struct {
+	Op         string // "publish", "renew", "release" or "publish and release"
+	Resource   string
+	Generation int64 // the refused lease's generation
+	Cause      Cause
+	// CurrentGeneration is the resource's generation when the cause was read (advisory).
+	CurrentGeneration int64
+}
+
+func (e *RefusedError) Error() string {
+	msg := fmt.Sprintf("%s %q refused: generation %d", e.Op, e.Resource, e.Generation)
+	switch e.Cause {
+	case CauseSuperseded:
+		return fmt.Sprintf("%s was superseded by generation %d", msg, e.CurrentGeneration)
+	case CauseExpired:
+		return msg + " has expired"
+	case CauseAlreadyPublished:
+		return msg + " has already published"
+	case CauseReleased:
+		return msg + " was released"
+	case CauseNotProvisioned:
+		return fmt.Sprintf("%s refused: resource %q is not provisioned", e.Op, e.Resource)
+	default:
+		return msg + " is not current"
+	}
+}
+
+func (e *RefusedError) Is(target error) bool {
+	return target == ErrRefused || (target == ErrNotProvisioned && e.Cause == CauseNotProvisioned)
+}
+
+// InvalidError names an argument that failed validation. It matches ErrInvalid.
+type InvalidError struct {
+	Arg    string
+	Reason string
+}
+
+func (e *InvalidError) Error() string { return fmt.Sprintf("invalid %s: %s", e.Arg, e.Reason) }
+
+func (e *InvalidError) Is(target error) bool { return target == ErrInvalid }
+
+func invalid(arg, format string, args ...any) error {
+	return &InvalidError{Arg: arg, Reason: fmt.Sprintf(format, args...)}
+}

@@ -1,0 +1,148 @@
+package fenced
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+)
+
+// DefaultRunTTL is RunOptions.TTL when it is zero.
+const DefaultRunTTL = 30 * time.Second
+
+// RunOptions tunes Run. A nil *RunOptions means the defaults.
+type RunOptions struct {
+	// TTL is the lease's time to live. Default DefaultRunTTL.
+	TTL time.Duration
+
+	// Renew keeps renewing the lease while build runs, every RenewEvery. Without it, a build
+	// that outlives the trust window loses its chance to publish.
+	Renew bool
+
+	// RenewEvery is the renewal interval. Default TTL/3. It must be shorter than the trust
+	// window, or the lease would be lost between renewals.
+	RenewEvery time.Duration
+}
+
+// Result describes a publication that Run made.
+type Result struct {
+	Resource   string
+	Owner      string
+	Generation int64
+	Size       int
+}
+
+// BuildFunc computes the payload under a lease. ctx is cancelled, with cause ErrLeaseLost, as
+// soon as the lease stops being trusted; a build should then stop. Anything it writes to other
+// systems is not protected by the lease: only the payload it returns is fenced.
+type BuildFunc func(ctx context.Context, lease *Lease) ([]byte, error)
+
+// Run acquires resource, runs build under a context that dies with the lease, publishes what
+// build returned and releases the lease.
+//
+// Acquisition and publication errors are returned: *BusyError when another owner holds the
+// resource, *RefusedError when the database refused the publication (the output is discarded,
+// never attached to a newer lease), ErrLeaseLost when the lease stopped being trusted before
+// publishing. An error from build is returned wrapped and nothing is published. The final
+// release runs with its own timeout (Config.ReleaseTimeout) even when ctx is already
+// cancelled; its failure is only logged, since the lease expires by itself.
+func Run(ctx context.Context, s *Store, resource string, opts *RunOptions, build BuildFunc) (Result, error) {
+	var o RunOptions
+	if opts != nil {
+		o = *opts
+	}
+	if o.TTL == 0 {
+		o.TTL = DefaultRunTTL
+	}
+	if o.RenewEvery == 0 {
+		o.RenewEvery = o.TTL / 3
+	}
+	if o.RenewEvery < 0 {
+		return Result{}, invalid("renew interval", "%s is negative", o.RenewEvery)
+	}
+
+	lease, err := s.Acquire(ctx, resource, o.TTL)
+	if err != nil {
+		return Result{}, err
+	}
+	if o.Renew {
+		if margin, _ := s.margin(o.TTL); o.RenewEvery >= o.TTL-margin {
+			s.release(ctx, lease)
+			return Result{}, invalid("renew interval", "%s is not shorter than the trust window %s", o.RenewEvery, o.TTL-margin)
+		}
+	}
+
+	buildCtx, cancel := context.WithCancelCause(ctx)
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() { // the build's context dies with the lease
+		defer wg.Done()
+		select {
+		case <-lease.Done():
+			cancel(lease.Err())
+		case <-buildCtx.Done():
+		}
+	}()
+	if o.Renew {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			s.renewLoop(buildCtx, lease, o.TTL, o.RenewEvery)
+		}()
+	}
+
+	payload, buildErr := build(buildCtx, lease)
+	lost := lease.Err() // read before cancel: the lease is still trusted or already lost
+	cancel(nil)
+	wg.Wait()
+
+	switch {
+	case lost != nil:
+		s.release(ctx, lease)
+		return Result{}, fmt.Errorf("run %q: %w", resource, lost)
+	case buildErr != nil:
+		s.release(ctx, lease)
+		return Result{}, fmt.Errorf("run %q: build: %w", resource, buildErr)
+	}
+	if err := lease.PublishAndRelease(ctx, payload); err != nil {
+		// The statement did not release either; free the lease if it is still ours.
+		s.release(ctx, lease)
+		return Result{}, err
+	}
+	return Result{Resource: resource, Owner: lease.Owner(), Generation: lease.Generation(), Size: len(payload)}, nil
+}
+
+// renewLoop renews every interval until ctx ends. A refusal ends the lease (and so the build's
+// context); an operational error is logged and retried at the next tick, and if none succeeds
+// the trust window ends by itself.
+func (s *Store) renewLoop(ctx context.Context, lease *Lease, ttl, every time.Duration) {
+	t := time.NewTicker(every)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		err := lease.Renew(ctx, ttl)
+		switch {
+		case err == nil, ctx.Err() != nil:
+		case errors.Is(err, ErrRefused):
+			return
+		default:
+			s.cfg.Logger.Warn("fenced: renewal failed; retrying", "resource", lease.Resource(),
+				"generation", lease.Generation(), "error", err)
+		}
+	}
+}
+
+// release frees the lease with its own bounded context and logs a failure.
+func (s *Store) release(ctx context.Context, lease *Lease) {
+	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), s.cfg.ReleaseTimeout)
+	defer cancel()
+	if err := lease.Release(rctx); err != nil && !errors.Is(err, ErrRefused) {
+		s.cfg.Logger.Warn("fenced: release failed; the lease will expire by itself",
+			"resource", lease.Resource(), "generation", lease.Generation(), "error", err)
+	}
+}
