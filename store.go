@@ -18,8 +18,8 @@ type State = driver.State
 
 // Limits on input, checked before anything is sent to the database.
 const (
-	MaxResourceLen = 255      // bytes
-	MaxOwnerLen    = 128      // bytes
+	MaxResourceLen = 255 // bytes
+	MaxOwnerLen    = 128 // bytes
 	MinTTL         = time.Millisecond
 	MaxTTL         = 366 * 24 * time.Hour
 
@@ -147,19 +147,15 @@ func (s *Store) Acquire(ctx context.Context, resource string, ttl time.Duration)
 	}
 	owner := newOwner()
 	sent := time.Now()
-	grant, ok, err := s.drv.Acquire(ctx, resource, owner, ttl)
-	if err != nil {
+	grant, err := s.drv.Acquire(ctx, resource, owner, ttl)
+	var busy *driver.BusyError
+	switch {
+	case errors.As(err, &busy):
+		return nil, &BusyError{Resource: resource, Generation: busy.Generation, LeaseUntil: busy.LeaseUntil}
+	case errors.Is(err, driver.ErrNotFound):
+		return nil, fmt.Errorf("acquire %q: %w", resource, ErrNotProvisioned)
+	case err != nil:
 		return nil, fmt.Errorf("acquire %q: %w", resource, err)
-	}
-	if !ok {
-		st, err := s.drv.Read(ctx, resource)
-		switch {
-		case errors.Is(err, driver.ErrNotFound):
-			return nil, fmt.Errorf("acquire %q: %w", resource, ErrNotProvisioned)
-		case err != nil:
-			return nil, fmt.Errorf("acquire %q: refused, then reading the holder: %w", resource, err)
-		}
-		return nil, &BusyError{Resource: resource, Generation: st.Generation, LeaseUntil: st.LeaseUntil}
 	}
 	return newLease(s, driver.LeaseRef{Resource: resource, Owner: owner, Generation: grant.Generation},
 		grant.LeaseUntil, sent.Add(ttl-margin)), nil

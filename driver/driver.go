@@ -5,9 +5,9 @@
 // decision "is this writer still the owner?" is made where the data lives, never in Go. The root
 // package fenced adds validation, refusal causes, trust windows and the Run helper on top.
 //
-// Methods report a refusal (the condition did not match) as a false or zero result, never as an
-// error: an error always means the operation could not be carried out or its outcome is not
-// known. Drivers must be safe for concurrent use by multiple goroutines.
+// Methods report a refusal (the condition did not match) as a false ok result, never as an
+// error; Acquire alone reports its refusal as *BusyError or ErrNotFound. Any other error means
+// the operation could not be carried out or its outcome is not known. Drivers must be safe for concurrent use by multiple goroutines.
 package driver
 
 import (
@@ -16,8 +16,17 @@ import (
 	"time"
 )
 
-// ErrNotFound is returned by Read when the resource has not been provisioned.
+// ErrNotFound is returned when the resource has not been provisioned.
 var ErrNotFound = errors.New("resource not provisioned")
+
+// BusyError is returned by Acquire when an unexpired lease prevented it. The holder's
+// generation and expiry are as the engine saw them when it refused, or as read right after.
+type BusyError struct {
+	Generation int64
+	LeaseUntil time.Time
+}
+
+func (e *BusyError) Error() string { return "resource is busy" }
 
 // Driver is one storage engine. Implementations are safe for concurrent use.
 //
@@ -32,9 +41,10 @@ type Driver interface {
 	Provision(ctx context.Context, resource string) error
 
 	// Acquire increments the generation and installs owner with an expiry of engine-now + ttl,
-	// only where the lease is free or expired. ok is false when no row matched (busy or not
-	// provisioned; the caller classifies with Read).
-	Acquire(ctx context.Context, resource, owner string, ttl time.Duration) (grant Grant, ok bool, err error)
+	// only where the lease is free or expired. When that condition did not match it returns
+	// *BusyError or ErrNotFound; the engine's decision stays in the one conditional statement,
+	// and a driver that cannot report why in the same round trip reads the row afterwards.
+	Acquire(ctx context.Context, resource, owner string, ttl time.Duration) (Grant, error)
 
 	// Renew sets the expiry to engine-now + ttl only where the lease is current and unexpired.
 	Renew(ctx context.Context, lease LeaseRef, ttl time.Duration) (leaseUntil time.Time, ok bool, err error)

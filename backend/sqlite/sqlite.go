@@ -149,13 +149,21 @@ func (d *Driver) Provision(ctx context.Context, resource string) error {
 	return err
 }
 
-func (d *Driver) Acquire(ctx context.Context, resource, owner string, ttl time.Duration) (driver.Grant, bool, error) {
+func (d *Driver) Acquire(ctx context.Context, resource, owner string, ttl time.Duration) (driver.Grant, error) {
 	var gen, until int64
 	ok, err := queryOne(ctx, d.db, sqlAcquire, []any{resource, owner, ttl.Microseconds()}, &gen, &until)
-	if !ok || err != nil {
-		return driver.Grant{}, false, err
+	if err != nil {
+		return driver.Grant{}, err
 	}
-	return driver.Grant{Generation: gen, LeaseUntil: fromMicros(until)}, true, nil
+	if !ok {
+		// Refused; reading the row only explains why. It is embedded, so this costs microseconds.
+		st, err := d.Read(ctx, resource)
+		if err != nil {
+			return driver.Grant{}, err
+		}
+		return driver.Grant{}, &driver.BusyError{Generation: st.Generation, LeaseUntil: st.LeaseUntil}
+	}
+	return driver.Grant{Generation: gen, LeaseUntil: fromMicros(until)}, nil
 }
 
 func (d *Driver) Renew(ctx context.Context, l driver.LeaseRef, ttl time.Duration) (time.Time, bool, error) {
