@@ -1,4 +1,4 @@
-package sqlite_test
+package sqlite
 
 import (
 	"context"
@@ -7,7 +7,6 @@ import (
 
 	"go.uber.org/goleak"
 
-	"github.com/fenced-dev/fenced/backend/sqlite"
 	"github.com/fenced-dev/fenced/driver"
 	"github.com/fenced-dev/fenced/driver/drivertest"
 )
@@ -17,8 +16,8 @@ func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 // newTarget gives each test its own database file.
 func newTarget(t *testing.T) drivertest.Target {
 	path := filepath.Join(t.TempDir(), "fenced.db")
-	open := func(t *testing.T) *sqlite.Driver {
-		d, err := sqlite.Open(path)
+	open := func(t *testing.T) *Driver {
+		d, err := Open(path)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -27,7 +26,7 @@ func newTarget(t *testing.T) drivertest.Target {
 	}
 	admin := open(t)
 	return drivertest.Target{
-		Open: func(t *testing.T) driver.Driver { return open(t) },
+		Open: func(t *testing.T) driver.Driver { return mutate(open(t)) },
 		Expire: func(ctx context.Context, resource string) error {
 			_, err := admin.DB().ExecContext(ctx, `UPDATE fenced_resources
 				SET lease_until = CAST(unixepoch('subsec') * 1000000 AS INTEGER) - 1000000
