@@ -1,0 +1,44 @@
+package mysql_test
+
+import (
+	"context"
+	"testing"
+
+	"go.uber.org/goleak"
+
+	"github.com/fenced-dev/fenced/backend/mysql"
+	"github.com/fenced-dev/fenced/driver"
+	"github.com/fenced-dev/fenced/driver/drivertest"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+// open returns a driver on a pool of its own, closed when t ends.
+func open(t testing.TB, rawURL string) *mysql.Driver {
+	t.Helper()
+	d, err := mysql.Open(rawURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = d.Close() })
+	return d
+}
+
+// expireSQL moves a lease's expiry a second into the past on the server's clock.
+const expireSQL = `UPDATE fenced_resources SET lease_until = UTC_TIMESTAMP(6) - INTERVAL 1 SECOND
+WHERE resource = ? AND lease_until IS NOT NULL`
+
+// newTarget gives each test its own database; every Open is a pool of its own.
+func newTarget(t *testing.T) drivertest.Target {
+	dbURL := mysql.CreateTestDatabase(t)
+	admin := open(t, dbURL)
+	return drivertest.Target{
+		Open: func(t *testing.T) driver.Driver { return open(t, dbURL) },
+		Expire: func(ctx context.Context, resource string) error {
+			_, err := admin.DB().ExecContext(ctx, expireSQL, resource)
+			return err
+		},
+	}
+}
+
+func TestConformance(t *testing.T) { drivertest.Run(t, newTarget) }
