@@ -1,0 +1,298 @@
+package cli
+
+import (
+	"fmt"
+	"io"
+	"os"
+
+	"github.com/spf13/cobra"
+
+	"github.com/fenced-dev/fenced"
+)
+
+func (a *app) migrateCmd() *cobra.Command {
+	return &cobra.Command{
+		Use:   "migrate",
+		Short: "Create or upgrade the schema (every command also does this on first use)",
+		Long:  "Create or upgrade the schema. It is idempotent and safe to run concurrently.",
+		Args:  cobra.NoArgs,
+		RunE: a.run(func(cmd *cobra.Command, _ []string) error {
+			s, err := a.open(cmd) // opening migrates
+			if err != nil {
+				return err
+			}
+			defer s.Close()
+			return a.print(map[string]any{"migrated": true})
+		}),
+	}
+}
+
+func (a *app) provisionCmd() *cobra.Command {
+	return &cobra.Command{
+		Use:   "provision RESOURCE...",
+		Short: "Create resources at generation 0 (existing ones are left unchanged)",
+		Long: `Create each resource's row at generation 0 if it does not exist. An existing resource is
+left as it is, so its generation is never reset: provisioning at every start is safe.`,
+		Args: func(cmd *cobra.Command, args []string) error {
+			if len(args) == 0 {
+				return fmt.Errorf("provision takes at least one RESOURCE argument")
+			}
+			return nil
+		},
+		RunE: a.run(func(cmd *cobra.Command, args []string) error {
+			s, err := a.open(cmd)
+			if err != nil {
+				return err
+			}
+			defer s.Close()
+			if err := s.Provision(cmd.Context(), args...); err != nil {
+				return err
+			}
+			return a.print(map[string]any{"provisioned": args})
+		}),
+	}
+}
+
+// leaseJSON is what acquire and renew print.
+type leaseJSON struct {
+	Resource   string  `json:"resource"`
+	Owner      string  `json:"owner"`
+	Generation int64   `json:"generation"`
+	LeaseUntil *string `json:"lease_until"`
+}
+
+func (a *app) acquireCmd() *cobra.Command {
+	var ttl string
+	cmd := &cobra.Command{
+		Use:   "acquire RESOURCE --ttl DURATION",
+		Short: "Take the resource's lease if it is free or expired",
+		Long: `Take the resource's lease for DURATION if it is free or its holder's lease has expired on
+the database's clock. The generation is incremented in the same statement. Prints the
+owner and generation to pass to renew, publish and release.`,
+		Args: oneResource,
+		RunE: a.run(func(cmd *cobra.Command, args []string) error {
+			d, err := parseTTL(ttl)
+			if err != nil {
+				return err
+			}
+			s, err := a.open(cmd)
+			if err != nil {
+				return err
+			}
+			defer s.Close()
+			l, err := s.Acquire(cmd.Context(), args[0], d)
+			if err != nil {
+				return err
+			}
+			return a.print(leaseJSON{Resource: l.Resource(), Owner: l.Owner(), Generation: l.Generation(),
+				LeaseUntil: timeJSON(l.LeaseUntil())})
+		}),
+	}
+	cmd.Flags().StringVar(&ttl, "ttl", "", "how long the lease lasts, e.g. 30s (required)")
+	_ = cmd.MarkFlagRequired("ttl")
+	return cmd
+}
+
+func (a *app) renewCmd() *cobra.Command {
+	var (
+		lf  leaseFlags
+		ttl string
+	)
+	cmd := &cobra.Command{
+		Use:   "renew RESOURCE --owner O --generation G --ttl DURATION",
+		Short: "Extend a current lease to database-now + DURATION",
+		Long: `Extend the lease to the database's now + DURATION, only if it is still the current,
+unexpired lease: a late renewal never revives an expired or superseded lease.`,
+		Args: oneResource,
+		RunE: a.run(func(cmd *cobra.Command, args []string) error {
+			d, err := parseTTL(ttl)
+			if err != nil {
+				return err
+			}
+			s, l, err := a.lease(cmd, args[0], &lf)
+			if err != nil {
+				return err
+			}
+			defer s.Close()
+			if err := l.Renew(cmd.Context(), d); err != nil {
+				return err
+			}
+			return a.print(leaseJSON{Resource: l.Resource(), Owner: l.Owner(), Generation: l.Generation(),
+				LeaseUntil: timeJSON(l.LeaseUntil())})
+		}),
+	}
+	lf.add(cmd)
+	cmd.Flags().StringVar(&ttl, "ttl", "", "new time to live from the database's now, e.g. 30s (required)")
+	_ = cmd.MarkFlagRequired("ttl")
+	return cmd
+}
+
+func (a *app) publishCmd() *cobra.Command {
+	var (
+		lf      leaseFlags
+		file    string
+		release bool
+	)
+	cmd := &cobra.Command{
+		Use:   "publish RESOURCE --owner O --generation G [--file PATH]",
+		Short: "Store a payload as the resource's result, if the lease is still current",
+		Long: fmt.Sprintf(`Store the payload (the file named by --file, else standard input) as the resource's
+published result, only if the lease presented is still the current, unexpired one and its
+generation has not published yet. The whole payload, at most %d bytes, is read before
+the database is touched; a larger one is rejected and nothing is written.`, fenced.DefaultMaxPayloadBytes),
+		Args: oneResource,
+		RunE: a.run(func(cmd *cobra.Command, args []string) error {
+			gen, err := parseGeneration(lf.generation)
+			if err != nil {
+				return err
+			}
+			payload, err := a.readPayload(file, fenced.DefaultMaxPayloadBytes)
+			if err != nil {
+				return err
+			}
+			s, l, err := a.lease(cmd, args[0], &lf)
+			if err != nil {
+				return err
+			}
+			defer s.Close()
+			if release {
+				err = l.PublishAndRelease(cmd.Context(), payload)
+			} else {
+				err = l.Publish(cmd.Context(), payload)
+			}
+			if err != nil {
+				return err
+			}
+			return a.print(map[string]any{"resource": l.Resource(), "published_generation": gen,
+				"payload_bytes": len(payload), "released": release})
+		}),
+	}
+	lf.add(cmd)
+	cmd.Flags().StringVar(&file, "file", "", "read the payload from this file instead of standard input")
+	cmd.Flags().BoolVar(&release, "release", false, "also release the lease, in the same statement")
+	return cmd
+}
+
+// readPayload reads the whole payload, refusing one larger than limit before anything is sent.
+func (a *app) readPayload(file string, limit int) ([]byte, error) {
+	r, name := a.stdin, "standard input"
+	if file != "" {
+		f, err := os.Open(file)
+		if err != nil {
+			return nil, fmt.Errorf("read payload: %w", err)
+		}
+		defer f.Close()
+		r, name = f, file
+	}
+	payload, err := io.ReadAll(io.LimitReader(r, int64(limit)+1))
+	if err != nil {
+		return nil, fmt.Errorf("read payload from %s: %w", name, err)
+	}
+	if len(payload) > limit {
+		return nil, usagef("the payload from %s is larger than the limit of %d bytes; nothing was written", name, limit)
+	}
+	return payload, nil
+}
+
+func (a *app) releaseCmd() *cobra.Command {
+	var lf leaseFlags
+	cmd := &cobra.Command{
+		Use:   "release RESOURCE --owner O --generation G",
+		Short: "Free a lease, if owner and generation still match",
+		Long: `Free the lease so that another owner can acquire it at once, only if the owner and
+generation presented still hold it. It never resets the generation.`,
+		Args: oneResource,
+		RunE: a.run(func(cmd *cobra.Command, args []string) error {
+			s, l, err := a.lease(cmd, args[0], &lf)
+			if err != nil {
+				return err
+			}
+			defer s.Close()
+			if err := l.Release(cmd.Context()); err != nil {
+				return err
+			}
+			return a.print(map[string]any{"resource": l.Resource(), "generation": l.Generation(), "released": true})
+		}),
+	}
+	lf.add(cmd)
+	return cmd
+}
+
+// stateJSON is what show prints. Owner and lease_until are the row's as stored (null when the
+// lease is free); held says whether that lease was unexpired at database_now.
+type stateJSON struct {
+	Resource            string  `json:"resource"`
+	Generation          int64   `json:"generation"`
+	Owner               *string `json:"owner"`
+	LeaseUntil          *string `json:"lease_until"`
+	Held                bool    `json:"held"`
+	PublishedGeneration int64   `json:"published_generation"`
+	PublishedAt         *string `json:"published_at"`
+	PayloadBytes        int64   `json:"payload_bytes"`
+	DatabaseNow         *string `json:"database_now"`
+}
+
+func newStateJSON(st fenced.State) stateJSON {
+	out := stateJSON{
+		Resource:            st.Resource,
+		Generation:          st.Generation,
+		LeaseUntil:          timeJSON(st.LeaseUntil),
+		Held:                st.Held(),
+		PublishedGeneration: st.PublishedGeneration,
+		PublishedAt:         timeJSON(st.PublishedAt),
+		PayloadBytes:        st.PayloadSize,
+		DatabaseNow:         timeJSON(st.Now),
+	}
+	if st.Owner != "" {
+		out.Owner = &st.Owner
+	}
+	return out
+}
+
+func (a *app) showCmd() *cobra.Command {
+	return &cobra.Command{
+		Use:   "show RESOURCE",
+		Short: "Print the resource's lease and publication state and the database's clock",
+		Long: `Print the resource's state as one JSON object: generation, owner and lease_until (null
+when the lease is free; an expired holder stays until someone acquires or releases), held
+(whether that lease is unexpired at database_now), published_generation, published_at
+(null if nothing was published), payload_bytes and database_now.`,
+		Args: oneResource,
+		RunE: a.run(func(cmd *cobra.Command, args []string) error {
+			s, err := a.open(cmd)
+			if err != nil {
+				return err
+			}
+			defer s.Close()
+			st, err := s.Show(cmd.Context(), args[0])
+			if err != nil {
+				return err
+			}
+			return a.print(newStateJSON(st))
+		}),
+	}
+}
+
+func (a *app) getCmd() *cobra.Command {
+	return &cobra.Command{
+		Use:   "get RESOURCE",
+		Short: "Write the published payload to standard output, byte for byte",
+		Long:  "Write the resource's published payload to standard output, byte for byte, and nothing else.",
+		Args:  oneResource,
+		RunE: a.run(func(cmd *cobra.Command, args []string) error {
+			s, err := a.open(cmd)
+			if err != nil {
+				return err
+			}
+			defer s.Close()
+			payload, _, err := s.Get(cmd.Context(), args[0])
+			if err != nil {
+				return err
+			}
+			if _, err := a.stdout.Write(payload); err != nil {
+				return fmt.Errorf("write payload: %w", err)
+			}
+			return nil
+		}),
+	}
+}

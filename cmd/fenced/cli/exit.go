@@ -1,0 +1,69 @@
+package cli
+
+import (
+	"errors"
+	"fmt"
+	"strings"
+
+	"github.com/fenced-dev/fenced"
+)
+
+// Exit codes, the same for every command.
+const (
+	ExitOK          = 0 // done
+	ExitOperational = 1 // the database could not be reached or an I/O error occurred
+	ExitUsage       = 2 // usage or invalid input; nothing was sent to the database
+	ExitBusy        = 3 // another owner holds an unexpired lease
+	ExitNotFound    = 4 // the resource is not provisioned, or nothing was published
+	ExitRefused     = 5 // the lease presented is not current; nothing changed
+)
+
+// exitCodesHelp is printed under every command's help.
+const exitCodesHelp = `Exit codes:
+  0  done
+  1  operational error (database unreachable, I/O)
+  2  usage or invalid input (bad flag, argument, duration, generation, payload too large)
+  3  busy: another owner holds an unexpired lease
+  4  not found: the resource is not provisioned (also when a lease operation is refused
+     because the resource does not exist), or get found nothing published
+  5  refused: the lease presented is not current (superseded, expired, released, or this
+     generation already published); nothing changed`
+
+// usageError is input that was rejected before anything was sent to the database.
+type usageError struct{ msg string }
+
+func (e *usageError) Error() string { return e.msg }
+
+func usagef(format string, args ...any) error {
+	return &usageError{msg: fmt.Sprintf(format, args...)}
+}
+
+// exitCode maps an error to the process's exit code. The order matters: a refusal caused by a
+// missing resource matches both ErrRefused and ErrNotProvisioned and is reported as not found.
+func exitCode(err error) int {
+	var usage *usageError
+	switch {
+	case err == nil:
+		return ExitOK
+	case errors.As(err, &usage), errors.Is(err, fenced.ErrInvalid):
+		return ExitUsage
+	case errors.Is(err, fenced.ErrBusy):
+		return ExitBusy
+	case errors.Is(err, fenced.ErrNotProvisioned), errors.Is(err, fenced.ErrNothingPublished):
+		return ExitNotFound
+	case errors.Is(err, fenced.ErrRefused):
+		return ExitRefused
+	default:
+		return ExitOperational
+	}
+}
+
+// sentence renders err as the one line printed on stderr.
+func sentence(err error) string {
+	msg := strings.Join(strings.Fields(err.Error()), " ") // one line, whatever the driver said
+	msg = strings.TrimRight(msg, ".")
+	if errors.Is(err, fenced.ErrNotProvisioned) {
+		msg += `; run "fenced provision" first`
+	}
+	return "fenced: " + msg + "."
+}

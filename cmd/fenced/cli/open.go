@@ -1,0 +1,32 @@
+package cli
+
+import (
+	"context"
+	"strings"
+
+	"github.com/fenced-dev/fenced/backend/sqlite"
+	"github.com/fenced-dev/fenced/driver"
+)
+
+// defaultDB is used when neither --db nor FENCED_DB is set: a file in the current directory.
+const defaultDB = "sqlite:fenced.db"
+
+// dbHelp describes the URL forms in the help text.
+const dbHelp = `database URL: sqlite:PATH, postgres://... or postgresql://... (default: $FENCED_DB, else sqlite:fenced.db)`
+
+// openDriver maps the URL's scheme to a backend. It is the one place that knows every backend.
+func openDriver(ctx context.Context, url string) (driver.Driver, error) {
+	scheme, _, ok := strings.Cut(url, ":")
+	if !ok || scheme == "" {
+		return nil, usagef("the database URL has no scheme; use sqlite:PATH or postgres://...")
+	}
+	switch strings.ToLower(scheme) {
+	case "sqlite":
+		return sqlite.OpenURL(url)
+	// TODO(postgres): add `case "postgres", "postgresql": return postgres.Open(ctx, url)` once
+	// github.com/fenced-dev/fenced/backend/postgres exists and builds.
+	default:
+		// Only the scheme is quoted: the rest of a URL may hold a password.
+		return nil, usagef("the database URL scheme %q is not supported; use sqlite:PATH or postgres://...", scheme)
+	}
+}

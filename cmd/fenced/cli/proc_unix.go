@@ -1,0 +1,12 @@
+//go:build unix
+
+package cli
+
+import (
+	"os"
+	"syscall"
+)
+
+func stopProcess(p *os.Process) error { return p.Signal(syscall.SIGSTOP) }
+
+func contProcess(p *os.Process) error { return p.Signal(syscall.SIGCONT) }
