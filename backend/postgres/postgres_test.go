@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgtype"
 	"go.uber.org/goleak"
 
 	"github.com/fenced-dev/fenced"
@@ -406,5 +407,70 @@ func TestOpenAndNew(t *testing.T) {
 	}
 	if _, err := borrowed.Acquire(ctx, "missing", "o", time.Minute); !errors.Is(err, driver.ErrNotFound) {
 		t.Fatalf("acquire unprovisioned: %v", err)
+	}
+}
+
+// TestAcquireLosingAfterLockWaitNamesWinner: an acquisition that waits on a row lock held by a
+// concurrent acquisition, and loses once that commits, reports the winner's generation and
+// expiry, not the free lease its statement's snapshot still shows.
+func TestAcquireLosingAfterLockWaitNamesWinner(t *testing.T) {
+	for name, params := range map[string]map[string]string{
+		"read-committed": readCommitted, "repeatable-read": repeatableRead, "serializable": serializable,
+	} {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			ctx := testCtx(t)
+			rawURL := testSchema(t, params)
+			d := openDriver(t, rawURL)
+			if err := d.Migrate(ctx); err != nil {
+				t.Fatal(err)
+			}
+			if err := d.Provision(ctx, "r"); err != nil {
+				t.Fatal(err)
+			}
+
+			winner, err := pgx.Connect(ctx, rawURL)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer winner.Close(context.Background())
+			tx, err := winner.Begin(ctx)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer func() { _ = tx.Rollback(context.Background()) }()
+			var (
+				gen   int64
+				until pgtype.Timestamptz
+				dummy bool
+			)
+			if err := tx.QueryRow(ctx, sqlAcquire, "r", "winner", time.Minute.Microseconds()).Scan(&dummy, &gen, &until, &dummy); err != nil {
+				t.Fatal(err)
+			}
+
+			type result struct {
+				g   driver.Grant
+				err error
+			}
+			lost, done := make(chan result, 1), make(chan error, 1)
+			go func() {
+				g, err := d.Acquire(ctx, "r", "loser", time.Minute)
+				lost <- result{g, err}
+				done <- err
+			}()
+			waitBlockedBy(t, ctx, winner.PgConn().PID(), done)
+			if err := tx.Commit(ctx); err != nil {
+				t.Fatal(err)
+			}
+			r := <-lost
+			var be *driver.BusyError
+			if !errors.As(r.err, &be) {
+				t.Fatalf("losing acquisition: %+v, %v; want busy", r.g, r.err)
+			}
+			if be.Generation != gen || !be.LeaseUntil.Equal(until.Time) {
+				t.Fatalf("busy names generation %d until %s, want the winner's %d until %s",
+					be.Generation, be.LeaseUntil, gen, until.Time)
+			}
+		})
 	}
 }
