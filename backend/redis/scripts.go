@@ -110,7 +110,7 @@ return 1
 `
 
 // luaRead returns {exists, generation, owner, lease_until_us, published_generation,
-// published_at_us, payload size, now}; absent fields read as 0 or ''.
+// published_at_us, payload size, now}; absent fields read as 0 or the empty string.
 const luaRead = serverNow + `
 local row = redis.call('HMGET', KEYS[1], 'generation', 'owner', 'lease_until_us',
   'published_generation', 'published_at_us')
