@@ -3,7 +3,8 @@
 // Each resource is one hash, stored under Options.KeyPrefix + "r:{" + name + "}", and each
 // operation is one Lua script on that key: Redis runs a script to its end before it serves
 // anything else, so the conditional check and the write are one atomic step on the server.
-// Expiry is judged by the server's clock (TIME, read inside the script), never by a client's.
+// Expiry is judged by the server's clock (TIME, read inside the script), never by a client's;
+// that is the primary's wall clock, so a step of that clock moves every expiry with it.
 // The lease is a field compared with TIME, not a key expiry: the hash is never deleted, and its
 // generation survives every release and expiry. One key per resource keeps each script inside
 // one hash slot, so the scripts also run on Redis Cluster (pass a *redis.ClusterClient to New).
@@ -19,9 +20,9 @@
 // With RDB snapshots only, or appendfsync everysec, a crash can lose the last acknowledged
 // acquisitions, and an old token becomes valid again after the restart. Replication is
 // asynchronous: when a replica is promoted (Sentinel, Cluster failover) it may lack the newest
-// acquisitions, which rolls generations back in the same way; WAIT does not make it
-// synchronous. The fence therefore holds for a single primary with an fsync'ed append-only
-// file, and not across failovers.
+// acquisitions, which rolls generations back in the same way (WAIT after each write would not
+// change that: the failover need not pick a replica that acknowledged). The fence therefore holds for a single primary with an fsync'ed append-only
+// file, and not across failovers. Driver.CheckDurability reports a server configured otherwise.
 //
 // # Retries
 //
@@ -122,6 +123,22 @@ func (d *Driver) Key(resource string) string { return d.prefix + "r:{" + resourc
 func (d *Driver) Close() error {
 	if d.owned {
 		return d.client.Close()
+	}
+	return nil
+}
+
+// CheckDurability returns an error unless the server the client reaches runs with
+// appendonly yes and appendfsync always, the configuration under which an acknowledged
+// generation survives a crash. It needs the CONFIG command, which some hosted services refuse;
+// on Redis Cluster it checks one node, so check each primary separately.
+func (d *Driver) CheckDurability(ctx context.Context) error {
+	cfg, err := d.client.ConfigGet(ctx, "append*").Result()
+	if err != nil {
+		return fmt.Errorf("read redis config: %w", err)
+	}
+	if cfg["appendonly"] != "yes" || cfg["appendfsync"] != "always" {
+		return fmt.Errorf("check durability: appendonly is %q and appendfsync is %q; a crash can lose acknowledged generations unless they are \"yes\" and \"always\"",
+			cfg["appendonly"], cfg["appendfsync"])
 	}
 	return nil
 }

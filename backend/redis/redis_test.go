@@ -334,3 +334,20 @@ func TestPayloadBytesSurvive(t *testing.T) {
 		t.Fatalf("read payload: %v at %d (%v)", got, gen, err)
 	}
 }
+
+// TestCheckDurability compares CheckDurability with the server's own configuration.
+func TestCheckDurability(t *testing.T) {
+	t.Parallel()
+	rawURL, _ := isolated(t)
+	d, ctx := open(t, rawURL), testCtx(t)
+	cfg, err := d.Client().ConfigGet(ctx, "append*").Result()
+	if err != nil {
+		t.Skipf("CONFIG GET is not available: %v", err)
+	}
+	durable := cfg["appendonly"] == "yes" && cfg["appendfsync"] == "always"
+	if err := d.CheckDurability(ctx); (err == nil) != durable {
+		t.Fatalf("CheckDurability = %v with appendonly=%s appendfsync=%s", err, cfg["appendonly"], cfg["appendfsync"])
+	} else if err != nil {
+		t.Logf("this server is not durable: %v", err)
+	}
+}
