@@ -1,0 +1,91 @@
+package etcd
+
+import (
+	"context"
+	"crypto/rand"
+	"fmt"
+	"os"
+	"testing"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.uber.org/goleak"
+
+	"github.com/fenced-dev/fenced/driver"
+	"github.com/fenced-dev/fenced/driver/drivertest"
+)
+
+// cluster is started once per test binary: three members on loopback.
+var cluster *testCluster
+
+func TestMain(m *testing.M) {
+	c, err := startCluster(3)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "start embedded etcd cluster:", err)
+		os.Exit(1)
+	}
+	cluster = c
+	code := m.Run()
+	cluster.close()
+	if code == 0 {
+		if err := goleak.Find(leakOptions()...); err != nil {
+			fmt.Fprintln(os.Stderr, "goleak:", err)
+			code = 1
+		}
+	}
+	os.Exit(code)
+}
+
+// leakOptions ignores the embedded server's peer (member-to-member) HTTP connections, one of
+// which may still be winding down after Close; neither the driver nor clientv3 uses net/http,
+// so every goroutine of the code under test is still checked.
+func leakOptions() []goleak.Option {
+	return []goleak.Option{
+		goleak.IgnoreAnyFunction("net/http.(*persistConn).readLoop"),
+		goleak.IgnoreTopFunction("net/http.(*persistConn).writeLoop"),
+		goleak.IgnoreAnyFunction("net/http.(*connReader).abortPendingRead"),
+		goleak.IgnoreAnyFunction("github.com/soheilhy/cmux.(*MuxConn).Read"),
+	}
+}
+
+// newPrefix is a key prefix no other test uses.
+func newPrefix() string { return "/fenced-test/" + rand.Text() + "/" }
+
+// newTarget gives each test its own key prefix on the shared cluster, and drivers with their
+// own clients (Open owns the client, so closing the driver closes the connection).
+func newTarget(t *testing.T) drivertest.Target {
+	prefix := newPrefix()
+	admin := New(newClient(t, cluster.endpoints()), &Options{Prefix: prefix})
+	return drivertest.Target{
+		Open: func(t *testing.T) driver.Driver { return openDriver(t, cluster.endpoints(), prefix) },
+		Expire: func(ctx context.Context, resource string) error {
+			return expire(ctx, admin, resource)
+		},
+	}
+}
+
+func openDriver(t testing.TB, endpoints []string, prefix string) *Driver {
+	t.Helper()
+	d, err := Open(etcdURL(endpoints, prefix))
+	if err != nil {
+		t.Fatalf("open: %v", err)
+	}
+	t.Cleanup(func() { _ = d.Close() })
+	return d
+}
+
+// expire revokes the etcd lease attached to the owner key: etcd deletes the key, which is
+// exactly what happens when the lease's TTL runs out, judged by the server.
+func expire(ctx context.Context, d *Driver, resource string) error {
+	resp, err := d.cli.Get(ctx, d.keys(resource).owner)
+	if err != nil {
+		return err
+	}
+	for _, kv := range resp.Kvs {
+		if _, err := d.cli.Revoke(ctx, clientv3.LeaseID(kv.Lease)); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func TestConformance(t *testing.T) { drivertest.Run(t, newTarget) }

@@ -1,0 +1,129 @@
+package etcd
+
+import (
+	"fmt"
+	"strconv"
+	"strings"
+	"time"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+)
+
+// Key layout. Each resource is a handful of keys under <prefix><resource>/; the suffix after the
+// last "/" names the field, so a resource name that itself contains "/" cannot collide with
+// another resource's keys.
+//
+//	gen     the generation, fixed-width decimal (genWidth digits). Exists iff provisioned.
+//	owner   the current owner's id, put WITH the acquisition's etcd lease: it exists exactly
+//	        while the lease is held and unexpired, and etcd deletes it when the lease's TTL runs
+//	        out. etcd, not this process, decides expiry.
+//	holder  the owner's id again, without an etcd lease: it outlives expiry so that a refusal
+//	        can be explained as "expired" rather than "released", and so that the owner of an
+//	        expired, unsuperseded lease can still release it. Deleted on release.
+//	until   the expiry shown to people (local clock at grant + granted TTL, unix nanoseconds).
+//	        Informational only: nothing compares it.
+//	pub     "<published generation> <published_at unix ns> <payload size>", the generation in
+//	        the same fixed width as gen.
+//	payload the published payload, raw bytes.
+type keys struct {
+	gen, owner, holder, until, pub, payload string
+}
+
+func (d *Driver) keys(resource string) keys {
+	base := d.prefix + resource + "/"
+	return keys{
+		gen:     base + "gen",
+		owner:   base + "owner",
+		holder:  base + "holder",
+		until:   base + "until",
+		pub:     base + "pub",
+		payload: base + "payload",
+	}
+}
+
+// genWidth digits hold every positive int64 (at most 19 digits).
+const genWidth = 20
+
+// encodeGen writes a generation zero-padded to genWidth digits. With a fixed width, etcd's
+// bytewise comparison of values orders generations numerically, so "published generation <
+// g" can be a Compare(Value(pub), "<", encodeGen(g)) evaluated by etcd inside the Txn. The pub
+// value starts with the same fixed-width field followed by a space, so it compares below
+// encodeGen(g) exactly when its generation is below g (a longer string with an equal prefix
+// compares greater, so a pub at generation g is not "< g").
+func encodeGen(g int64) string { return fmt.Sprintf("%0*d", genWidth, g) }
+
+func decodeGen(b []byte) (int64, error) {
+	g, err := strconv.ParseInt(string(b), 10, 64)
+	if err != nil || len(b) != genWidth || g < 0 {
+		return 0, fmt.Errorf("decode generation %q: not a %d-digit generation", b, genWidth)
+	}
+	return g, nil
+}
+
+// publication is the decoded pub key.
+type publication struct {
+	generation int64
+	at         time.Time
+	size       int64
+}
+
+func encodePub(g int64, at time.Time, size int) string {
+	return fmt.Sprintf("%s %d %d", encodeGen(g), at.UnixNano(), size)
+}
+
+func decodePub(b []byte) (publication, error) {
+	fields := strings.Fields(string(b))
+	var p publication
+	var err error
+	if len(fields) != 1 && len(fields) != 3 {
+		return p, fmt.Errorf("decode publication %q: want 1 or 3 fields", b)
+	}
+	if p.generation, err = decodeGen([]byte(fields[0])); err != nil {
+		return p, fmt.Errorf("decode publication: %w", err)
+	}
+	if len(fields) == 1 { // provisioned, never published
+		return p, nil
+	}
+	at, err1 := strconv.ParseInt(fields[1], 10, 64)
+	size, err2 := strconv.ParseInt(fields[2], 10, 64)
+	if err1 != nil || err2 != nil {
+		return p, fmt.Errorf("decode publication %q: bad time or size", b)
+	}
+	p.at, p.size = time.Unix(0, at).UTC(), size
+	return p, nil
+}
+
+func decodeTime(b []byte) (time.Time, error) {
+	ns, err := strconv.ParseInt(string(b), 10, 64)
+	if err != nil {
+		return time.Time{}, fmt.Errorf("decode time %q: %w", b, err)
+	}
+	return time.Unix(0, ns).UTC(), nil
+}
+
+func encodeTime(t time.Time) string { return strconv.FormatInt(t.UnixNano(), 10) }
+
+// ttlSeconds converts a lease TTL to etcd's whole seconds, rounding up: the etcd lease may
+// outlive the requested TTL but never falls short of it, so the holder's local trust window
+// (which ends before ttl has passed) always ends before etcd lets another owner in. etcd also
+// raises a TTL below its own minimum (1.5 × election timeout, 2 s with the default settings).
+func ttlSeconds(ttl time.Duration) int64 {
+	s := int64((ttl + time.Second - 1) / time.Second)
+	return max(s, 1)
+}
+
+// kv returns the single key-value of the i-th response of a Txn, or nil when the key was
+// absent. Every Get in this package reads one key.
+func kv(resp *clientv3.TxnResponse, i int) *kvPair {
+	r := resp.Responses[i].GetResponseRange()
+	if r == nil || len(r.Kvs) == 0 {
+		return nil
+	}
+	return &kvPair{value: r.Kvs[0].Value, modRevision: r.Kvs[0].ModRevision, lease: r.Kvs[0].Lease}
+}
+
+type kvPair struct {
+	value       []byte
+	modRevision int64
+	lease       int64
+}
