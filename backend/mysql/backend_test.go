@@ -377,10 +377,10 @@ func TestConcurrentMigrate(t *testing.T) {
 func TestDSN(t *testing.T) {
 	t.Parallel()
 	for _, c := range []struct{ url, want string }{
-		{"mysql://root@127.0.0.1:3306/test", "root@tcp(127.0.0.1:3306)/test?clientFoundRows=true"},
-		{"mariadb://u:p%40ss%3Aw@db.example/fenced", "u:p@ss:w@tcp(db.example:3306)/fenced?clientFoundRows=true"},
-		{"mysql://u@[::1]:3307/x?time_zone=%27%2B09%3A00%27", "u@tcp([::1]:3307)/x?clientFoundRows=true&time_zone=%27%2B09%3A00%27"},
-		{"mysql://u@h/x?readTimeout=5s&clientFoundRows=true", "u@tcp(h:3306)/x?clientFoundRows=true&readTimeout=5s"},
+		{"mysql://root@127.0.0.1:3306/test", "root@tcp(127.0.0.1:3306)/test?clientFoundRows=true&interpolateParams=true"},
+		{"mariadb://u:p%40ss%3Aw@db.example/fenced", "u:p@ss:w@tcp(db.example:3306)/fenced?clientFoundRows=true&interpolateParams=true"},
+		{"mysql://u@[::1]:3307/x?time_zone=%27%2B09%3A00%27", "u@tcp([::1]:3307)/x?clientFoundRows=true&interpolateParams=true&time_zone=%27%2B09%3A00%27"},
+		{"mysql://u@h/x?readTimeout=5s&clientFoundRows=true&interpolateParams=false", "u@tcp(h:3306)/x?clientFoundRows=true&readTimeout=5s"},
 	} {
 		got, err := mysql.DSN(c.url)
 		if err != nil || got != c.want {

@@ -65,6 +65,9 @@ func New(db *sql.DB) *Driver { return &Driver{db: db} }
 // the go-sql-driver/mysql data source name that Open uses. Query parameters are passed to
 // go-sql-driver/mysql as they are (its own options, or server variables such as time_zone);
 // clientFoundRows is always set, and asking for clientFoundRows=false is an error.
+// interpolateParams defaults to true: the driver then sends each statement with its arguments
+// escaped in one round trip, instead of preparing it, executing it and closing it, which
+// halves the latency of every operation under load. Pass interpolateParams=false to prepare.
 func DSN(rawURL string) (string, error) {
 	cfg, err := parseURL(rawURL)
 	if err != nil {
@@ -100,6 +103,9 @@ func parseURL(rawURL string) (*mysql.Config, error) {
 		return nil, fmt.Errorf("parse mysql url: clientFoundRows=%s; fenced needs matched rows (true)", v)
 	}
 	q.Del("clientFoundRows")
+	if !q.Has("interpolateParams") {
+		q.Set("interpolateParams", "true")
+	}
 	// The options go through go-sql-driver's own parser, so every option it knows works here.
 	cfg, err := mysql.ParseDSN("/?" + q.Encode())
 	if err != nil {
