@@ -62,7 +62,6 @@ Start with "fenced demo" to see a paused worker's stale write refused.
 The schema is created on first use; "fenced migrate" does it explicitly.`,
 		SilenceErrors: true,
 		SilenceUsage:  true,
-		Args:          cobra.NoArgs,
 	}
 	root.PersistentFlags().StringVar(&a.db, "db", "", dbHelp)
 	root.SetFlagErrorFunc(func(_ *cobra.Command, err error) error { return err })

@@ -4,6 +4,7 @@ import (
 	"context"
 	"strings"
 
+	"github.com/fenced-dev/fenced/backend/postgres"
 	"github.com/fenced-dev/fenced/backend/sqlite"
 	"github.com/fenced-dev/fenced/driver"
 )
@@ -23,8 +24,8 @@ func openDriver(ctx context.Context, url string) (driver.Driver, error) {
 	switch strings.ToLower(scheme) {
 	case "sqlite":
 		return sqlite.OpenURL(url)
-	// TODO(postgres): add `case "postgres", "postgresql": return postgres.Open(ctx, url)` once
-	// github.com/fenced-dev/fenced/backend/postgres exists and builds.
+	case "postgres", "postgresql":
+		return postgres.Open(ctx, url)
 	default:
 		// Only the scheme is quoted: the rest of a URL may hold a password.
 		return nil, usagef("the database URL scheme %q is not supported; use sqlite:PATH or postgres://...", scheme)
