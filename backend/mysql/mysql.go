@@ -445,7 +445,7 @@ func serverError(err error) uint16 {
 func translate(err error) error {
 	switch serverError(err) {
 	case erLockDeadlock:
-		return fmt.Errorf("%w: deadlock persisted after %d attempts: %w", ErrNotApplied, deadlockAttempts, err)
+		return fmt.Errorf("%w: chosen as a deadlock victim: %w", ErrNotApplied, err)
 	case erLockWaitTimeout:
 		return fmt.Errorf("%w: lock wait timeout: %w", ErrNotApplied, err)
 	}
