@@ -5,6 +5,7 @@ go 1.26.8
 require (
 	github.com/fenced-dev/fenced v0.0.0-00010101000000-000000000000
 	github.com/microsoft/go-mssqldb v1.11.2
+	go.uber.org/goleak v1.3.0
 )
 
 require (

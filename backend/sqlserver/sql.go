@@ -16,6 +16,10 @@ import (
 // per statement, when the statement starts, so every comparison and assignment in one
 // statement sees the same instant (also when the statement then waits on a row lock).
 //
+// Every time is read through TODATETIMEOFFSET(x, 0): go-mssqldb decodes a DATETIME2 in the
+// location of the connection's "timezone" parameter, which would shift the instant of a UTC
+// value on a handle opened with one; a DATETIMEOFFSET carries its own offset.
+//
 // Parameters are named (@resource, @owner, @generation, @payload, @ttl_s, @ttl_us) and passed
 // with sql.Named; the functions at the end of this file build them, so the driver and the raw
 // benchmark baseline send the same ones.
@@ -44,7 +48,7 @@ WHERE NOT EXISTS (SELECT 1 FROM {resources} WITH (UPDLOCK, HOLDLOCK) WHERE resou
 	// row carries acquired = 1.
 	tmplAcquireUpdate = `UPDATE {resources}
 SET generation = generation + 1, lease_owner = @owner, lease_until = ` + leaseEnd + `
-OUTPUT inserted.generation, inserted.lease_until, 1 AS acquired
+OUTPUT inserted.generation, TODATETIMEOFFSET(inserted.lease_until, 0), 1 AS acquired
 WHERE resource = @resource AND (lease_until IS NULL OR lease_until <= SYSUTCDATETIME())`
 
 	// tmplAcquire runs the acquisition and, in the same round trip and only when it matched no
@@ -52,12 +56,12 @@ WHERE resource = @resource AND (lease_until IS NULL OR lease_until <= SYSUTCDATE
 	// was the UPDATE's. No row at all means the resource is not provisioned.
 	tmplAcquire = tmplAcquireUpdate + `;
 IF @@ROWCOUNT = 0
-    SELECT generation, lease_until, 0 AS acquired FROM {resources} WHERE resource = @resource`
+    SELECT generation, TODATETIMEOFFSET(lease_until, 0), 0 AS acquired FROM {resources} WHERE resource = @resource`
 
 	// tmplRenew (resource, owner, generation, ttl_s, ttl_us).
 	tmplRenew = `UPDATE {resources}
 SET lease_until = ` + leaseEnd + `
-OUTPUT inserted.lease_until
+OUTPUT TODATETIMEOFFSET(inserted.lease_until, 0)
 WHERE resource = @resource AND lease_owner = @owner AND generation = @generation
   AND lease_until > SYSUTCDATETIME()`
 
@@ -85,8 +89,9 @@ SET lease_owner = NULL, lease_until = NULL
 WHERE resource = @resource AND lease_owner = @owner AND generation = @generation`
 
 	// tmplRead (resource).
-	tmplRead = `SELECT generation, lease_owner, lease_until, published_generation, published_at,
-    CAST(COALESCE(DATALENGTH(payload), 0) AS BIGINT), SYSUTCDATETIME()
+	tmplRead = `SELECT generation, lease_owner, TODATETIMEOFFSET(lease_until, 0), published_generation,
+    TODATETIMEOFFSET(published_at, 0), CAST(COALESCE(DATALENGTH(payload), 0) AS BIGINT),
+    TODATETIMEOFFSET(SYSUTCDATETIME(), 0)
 FROM {resources} WHERE resource = @resource`
 
 	// tmplReadPayload (resource).

@@ -165,7 +165,10 @@ func parseURL(rawURL string) (dsn string, cfg Config, err error) {
 	if u.Host == "" {
 		return "", Config{}, errors.New("parse sqlserver url: no host")
 	}
-	q := u.Query()
+	q, err := url.ParseQuery(u.RawQuery)
+	if err != nil {
+		return "", Config{}, errors.New("parse sqlserver url: the query is malformed") // the error could quote a password
+	}
 	if len(q["schema"]) > 1 {
 		return "", Config{}, errors.New("parse sqlserver url: schema is given more than once")
 	}

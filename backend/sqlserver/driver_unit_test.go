@@ -1,0 +1,391 @@
+package sqlserver
+
+import (
+	"context"
+	sqldriver "database/sql/driver"
+	"errors"
+	"fmt"
+	"reflect"
+	"strings"
+	"testing"
+	"time"
+
+	mssql "github.com/microsoft/go-mssqldb"
+
+	"github.com/fenced-dev/fenced/driver"
+)
+
+// These tests run the driver over the recording stub (recorder_test.go): they check which
+// statement each method sends, with which named parameters in which order, and how each reply
+// is read. They say nothing about behavior under concurrency; see sqlserver_test.go.
+
+var (
+	t0    = time.Date(2026, 1, 2, 3, 4, 5, 600700800, time.UTC)
+	lease = driver.LeaseRef{Resource: "jobs/é", Owner: "OWNER1", Generation: 7}
+)
+
+type arg struct {
+	name  string
+	value any
+}
+
+func wantCall(t *testing.T, got call, kind, query string, args ...arg) {
+	t.Helper()
+	if got.kind != kind || got.query != query {
+		t.Errorf("sent %s\n%s\nwant %s\n%s", got.kind, got.query, kind, query)
+	}
+	var have []arg
+	for _, a := range got.args {
+		have = append(have, arg{a.Name, a.Value})
+	}
+	if !reflect.DeepEqual(have, args) {
+		t.Errorf("arguments %#v, want %#v", have, args)
+	}
+}
+
+func newTestDriver(t *testing.T, replies ...reply) (*Driver, *recorder) {
+	rec, db := newRecorder(t, replies...)
+	return New(db), rec
+}
+
+func ctxT(t *testing.T) context.Context {
+	c, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	t.Cleanup(cancel)
+	return c
+}
+
+func acquireSets(rows ...[]sqldriver.Value) []resultSet {
+	cols := []string{"generation", "lease_until", "acquired"}
+	return []resultSet{{cols: cols, rows: rows}}
+}
+
+func TestAcquireSendsItsParameters(t *testing.T) {
+	d, rec := newTestDriver(t, reply{sets: acquireSets([]sqldriver.Value{int64(8), t0, int64(1)})})
+	g, err := d.Acquire(ctxT(t), "jobs/é", "OWNER1", 90*time.Minute+1500*time.Microsecond)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if g.Generation != 8 || !g.LeaseUntil.Equal(t0) || g.LeaseUntil.Location() != time.UTC {
+		t.Fatalf("grant %+v", g)
+	}
+	calls := rec.Calls()
+	if len(calls) != 1 {
+		t.Fatalf("%d calls", len(calls))
+	}
+	wantCall(t, calls[0], "query", d.sql.acquire,
+		arg{"resource", "jobs/é"}, arg{"owner", "OWNER1"}, arg{"ttl_s", int32(5400)}, arg{"ttl_us", int32(1500)})
+}
+
+func TestAcquireReadsTheWholeReply(t *testing.T) {
+	busyRow := []sqldriver.Value{int64(9), t0, int64(0)}
+	tests := []struct {
+		name    string
+		reply   reply
+		check   func(driver.Grant, error) error
+		attempt int
+	}{
+		{"busy: the update matched nothing, the holder follows", reply{sets: append(acquireSets(),
+			acquireSets(busyRow)...)}, func(_ driver.Grant, err error) error {
+			var busy *driver.BusyError
+			if !errors.As(err, &busy) || busy.Generation != 9 || !busy.LeaseUntil.Equal(t0) {
+				return fmt.Errorf("got %v, want busy at generation 9", err)
+			}
+			return nil
+		}, 1},
+		{"busy with a free row read after (a release came in between)", reply{sets: append(acquireSets(),
+			acquireSets([]sqldriver.Value{int64(9), nil, int64(0)})...)}, func(_ driver.Grant, err error) error {
+			var busy *driver.BusyError
+			if !errors.As(err, &busy) || !busy.LeaseUntil.IsZero() {
+				return fmt.Errorf("got %v, want busy with no expiry", err)
+			}
+			return nil
+		}, 1},
+		{"not provisioned: no row anywhere", reply{sets: append(acquireSets(), acquireSets()...)},
+			func(_ driver.Grant, err error) error {
+				if !errors.Is(err, driver.ErrNotFound) {
+					return fmt.Errorf("got %v, want ErrNotFound", err)
+				}
+				return nil
+			}, 1},
+		{"an error after the OUTPUT row voids it", reply{sets: acquireSets([]sqldriver.Value{int64(8), t0, int64(1)}),
+			rowsErr: mssql.Error{Number: 8115, Message: "Arithmetic overflow"}},
+			func(g driver.Grant, err error) error {
+				var busy *driver.BusyError
+				if err == nil || g.Generation != 0 || errors.As(err, &busy) || errors.Is(err, driver.ErrNotFound) {
+					return fmt.Errorf("got %+v, %v; want an operational error and no grant", g, err)
+				}
+				return nil
+			}, 1},
+		{"two rows: not a unique key", reply{sets: acquireSets([]sqldriver.Value{int64(8), t0, int64(1)},
+			[]sqldriver.Value{int64(8), t0, int64(1)})}, func(_ driver.Grant, err error) error {
+			if err == nil || !strings.Contains(err.Error(), "not unique") {
+				return fmt.Errorf("got %v", err)
+			}
+			return nil
+		}, 1},
+		{"a query error is not busy", reply{err: errors.New("connection reset")},
+			func(_ driver.Grant, err error) error {
+				var busy *driver.BusyError
+				if err == nil || errors.As(err, &busy) || errors.Is(err, driver.ErrNotFound) {
+					return fmt.Errorf("got %v", err)
+				}
+				return nil
+			}, 1},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			d, rec := newTestDriver(t, tt.reply)
+			g, err := d.Acquire(ctxT(t), "r", "o", time.Minute)
+			if e := tt.check(g, err); e != nil {
+				t.Fatal(e)
+			}
+			if n := len(rec.Calls()); n != tt.attempt {
+				t.Fatalf("%d calls, want %d", n, tt.attempt)
+			}
+		})
+	}
+}
+
+func TestRenewSendsItsParameters(t *testing.T) {
+	until := []resultSet{{cols: []string{"lease_until"}, rows: [][]sqldriver.Value{{t0}}}}
+	d, rec := newTestDriver(t, reply{sets: until}, reply{sets: []resultSet{{cols: []string{"lease_until"}}}})
+	got, ok, err := d.Renew(ctxT(t), lease, 40*time.Minute)
+	if err != nil || !ok || !got.Equal(t0) {
+		t.Fatalf("renew: %v %v %v", got, ok, err)
+	}
+	if _, ok, err := d.Renew(ctxT(t), lease, time.Minute); ok || err != nil {
+		t.Fatalf("renew with no row back: ok %v, err %v; want refused", ok, err)
+	}
+	calls := rec.Calls()
+	wantCall(t, calls[0], "query", d.sql.renew, arg{"resource", "jobs/é"}, arg{"owner", "OWNER1"},
+		arg{"generation", int64(7)}, arg{"ttl_s", int32(2400)}, arg{"ttl_us", int32(0)})
+}
+
+func TestPublishReleaseSendTheirParameters(t *testing.T) {
+	payload := []byte{0, 1, 2}
+	tests := []struct {
+		name  string
+		query func(*Driver) string
+		run   func(*Driver, context.Context) (bool, error)
+		args  []arg
+	}{
+		{"publish", func(d *Driver) string { return d.sql.publish },
+			func(d *Driver, c context.Context) (bool, error) { return d.Publish(c, lease, payload) },
+			[]arg{{"resource", "jobs/é"}, {"owner", "OWNER1"}, {"generation", int64(7)}, {"payload", payload}}},
+		{"publish empty", func(d *Driver) string { return d.sql.publish },
+			func(d *Driver, c context.Context) (bool, error) { return d.Publish(c, lease, nil) },
+			[]arg{{"resource", "jobs/é"}, {"owner", "OWNER1"}, {"generation", int64(7)}, {"payload", []byte{}}}},
+		{"publish and release", func(d *Driver) string { return d.sql.publishAndRelease },
+			func(d *Driver, c context.Context) (bool, error) { return d.PublishAndRelease(c, lease, payload) },
+			[]arg{{"resource", "jobs/é"}, {"owner", "OWNER1"}, {"generation", int64(7)}, {"payload", payload}}},
+		{"release", func(d *Driver) string { return d.sql.release },
+			func(d *Driver, c context.Context) (bool, error) { return d.Release(c, lease) },
+			[]arg{{"resource", "jobs/é"}, {"owner", "OWNER1"}, {"generation", int64(7)}}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			// Exactly one changed row is acceptance; none is refusal; more is an error.
+			d, rec := newTestDriver(t, reply{affected: 1}, reply{affected: 0}, reply{affected: 2})
+			for i, want := range []struct {
+				ok  bool
+				err bool
+			}{{true, false}, {false, false}, {false, true}} {
+				ok, err := tt.run(d, ctxT(t))
+				if ok != want.ok || (err != nil) != want.err {
+					t.Errorf("reply %d: ok %v err %v, want ok %v error %v", i, ok, err, want.ok, want.err)
+				}
+			}
+			for _, c := range rec.Calls() {
+				wantCall(t, c, "exec", tt.query(d), tt.args...)
+			}
+		})
+	}
+}
+
+func TestProvisionAndReadsSendTheResource(t *testing.T) {
+	read := []resultSet{{cols: []string{"g", "o", "u", "pg", "pa", "n", "now"},
+		rows: [][]sqldriver.Value{{int64(3), "OWNER1", t0, int64(2), t0.Add(-time.Hour), int64(5), t0.Add(-time.Second)}}}}
+	payload := []resultSet{{cols: []string{"pg", "p"}, rows: [][]sqldriver.Value{{int64(2), []byte("hello")}}}}
+	d, rec := newTestDriver(t, reply{affected: 1}, reply{sets: read}, reply{sets: payload})
+	c := ctxT(t)
+	if err := d.Provision(c, "jobs/é"); err != nil {
+		t.Fatal(err)
+	}
+	st, err := d.Read(c, "jobs/é")
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := driver.State{Resource: "jobs/é", Generation: 3, Owner: "OWNER1", LeaseUntil: t0, PublishedGeneration: 2,
+		PublishedAt: t0.Add(-time.Hour), PayloadSize: 5, Now: t0.Add(-time.Second)}
+	if st != want || !st.Held() {
+		t.Fatalf("read %+v\nwant %+v", st, want)
+	}
+	p, gen, err := d.ReadPayload(c, "jobs/é")
+	if err != nil || gen != 2 || string(p) != "hello" {
+		t.Fatalf("read payload: %q %d %v", p, gen, err)
+	}
+	calls := rec.Calls()
+	wantCall(t, calls[0], "exec", d.sql.provision, arg{"resource", "jobs/é"})
+	wantCall(t, calls[1], "query", d.sql.read, arg{"resource", "jobs/é"})
+	wantCall(t, calls[2], "query", d.sql.readPayload, arg{"resource", "jobs/é"})
+}
+
+func TestReadsOfAMissingRow(t *testing.T) {
+	empty := []resultSet{{cols: []string{"x"}}}
+	d, _ := newTestDriver(t, reply{sets: empty}, reply{sets: empty})
+	if _, err := d.Read(ctxT(t), "r"); !errors.Is(err, driver.ErrNotFound) {
+		t.Fatalf("read: %v", err)
+	}
+	if _, _, err := d.ReadPayload(ctxT(t), "r"); !errors.Is(err, driver.ErrNotFound) {
+		t.Fatalf("read payload: %v", err)
+	}
+}
+
+func TestProvisionDuplicateKeyIsSuccess(t *testing.T) {
+	for _, n := range []int32{errDuplicateKey, errDuplicateKeyIdx} {
+		d, _ := newTestDriver(t, reply{err: mssql.Error{Number: n, Message: "Violation of PRIMARY KEY constraint"}})
+		if err := d.Provision(ctxT(t), "r"); err != nil {
+			t.Fatalf("error %d: %v", n, err)
+		}
+	}
+	d, _ := newTestDriver(t, reply{err: mssql.Error{Number: 8152, Message: "String or binary data would be truncated"}})
+	if err := d.Provision(ctxT(t), "r"); err == nil || !strings.HasPrefix(err.Error(), "insert resource: ") {
+		t.Fatalf("truncation: %v", err)
+	}
+}
+
+func TestRollbacksAreRetriedABoundedNumberOfTimes(t *testing.T) {
+	deadlock := reply{err: mssql.Error{Number: errDeadlockVictim, Message: "chosen as the deadlock victim"}}
+	conflict := reply{err: mssql.Error{Number: errUpdateConflict, Message: "update conflict"}}
+
+	d, rec := newTestDriver(t, deadlock, conflict, reply{affected: 1})
+	if ok, err := d.Release(ctxT(t), lease); !ok || err != nil {
+		t.Fatalf("release after two rollbacks: %v %v", ok, err)
+	}
+	if n := len(rec.Calls()); n != 3 {
+		t.Fatalf("%d calls, want 3", n)
+	}
+
+	d, rec = newTestDriver(t, deadlock, deadlock, deadlock, reply{affected: 1})
+	ok, err := d.Publish(ctxT(t), lease, []byte("x"))
+	var me mssql.Error
+	if ok || !errors.Is(err, ErrRolledBack) || !errors.As(err, &me) || me.Number != errDeadlockVictim {
+		t.Fatalf("publish rolled back three times: %v %v", ok, err)
+	}
+	if !strings.HasPrefix(err.Error(), "update publication: rolled back by SQL Server: ") {
+		t.Fatalf("message: %v", err)
+	}
+	if n := len(rec.Calls()); n != attempts {
+		t.Fatalf("%d calls, want %d", n, attempts)
+	}
+
+	d, rec = newTestDriver(t, deadlock, reply{sets: acquireSets([]sqldriver.Value{int64(1), t0, int64(1)})})
+	if g, err := d.Acquire(ctxT(t), "r", "o", time.Minute); err != nil || g.Generation != 1 {
+		t.Fatalf("acquire after a deadlock: %+v %v", g, err)
+	}
+	if n := len(rec.Calls()); n != 2 {
+		t.Fatalf("%d calls, want 2", n)
+	}
+
+	// Any other SQL Server error is reported at once, wrapped, and is not a rollback.
+	d, rec = newTestDriver(t, reply{err: mssql.Error{Number: 208, Message: "Invalid object name"}})
+	_, _, err = d.Renew(ctxT(t), lease, time.Minute)
+	if err == nil || errors.Is(err, ErrRolledBack) || !errors.As(err, &me) || me.Number != 208 {
+		t.Fatalf("renew: %v", err)
+	}
+	if n := len(rec.Calls()); n != 1 {
+		t.Fatalf("%d calls, want 1", n)
+	}
+}
+
+func TestTrailingSpaceIsRefusedBeforeSending(t *testing.T) {
+	d, rec := newTestDriver(t)
+	c := ctxT(t)
+	l := driver.LeaseRef{Resource: "r ", Owner: "o", Generation: 1}
+	_, acqErr := d.Acquire(c, "r ", "o", time.Minute)
+	_, _, renewErr := d.Renew(c, l, time.Minute)
+	_, pubErr := d.Publish(c, l, nil)
+	_, parErr := d.PublishAndRelease(c, l, nil)
+	_, relErr := d.Release(c, l)
+	_, readErr := d.Read(c, "r ")
+	_, _, payErr := d.ReadPayload(c, "r ")
+	for i, err := range []error{d.Provision(c, "r "), acqErr, renewErr, pubErr, parErr, relErr, readErr, payErr} {
+		if !errors.Is(err, ErrTrailingSpace) {
+			t.Errorf("operation %d: %v", i, err)
+		}
+	}
+	if n := len(rec.Calls()); n != 0 {
+		t.Fatalf("%d statements sent", n)
+	}
+}
+
+func TestBadTTLIsRefusedBeforeSending(t *testing.T) {
+	d, rec := newTestDriver(t)
+	if _, err := d.Acquire(ctxT(t), "r", "o", 0); err == nil {
+		t.Fatal("acquire with a zero ttl")
+	}
+	if _, _, err := d.Renew(ctxT(t), lease, time.Duration(1<<62)); err == nil {
+		t.Fatal("renew past DATEADD's range")
+	}
+	if n := len(rec.Calls()); n != 0 {
+		t.Fatalf("%d statements sent", n)
+	}
+}
+
+func TestMigrateRunsInOneLockedTransaction(t *testing.T) {
+	status := func(v int64) reply {
+		return reply{sets: []resultSet{{cols: []string{"status"}, rows: [][]sqldriver.Value{{v}}}}}
+	}
+	version := func(v int64) reply {
+		return reply{sets: []resultSet{{cols: []string{"v"}, rows: [][]sqldriver.Value{{v}}}}}
+	}
+	rec, db := newRecorder(t, status(0), reply{}, reply{}, version(0), reply{}, reply{})
+	d, err := NewWithConfig(db, &Config{Schema: "fenced_t"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := d.Migrate(ctxT(t)); err != nil {
+		t.Fatal(err)
+	}
+	body, _ := migrations.ReadFile("migrations/0001_create_resources.sql")
+	calls := rec.Calls()
+	if len(calls) != 8 {
+		t.Fatalf("%d calls: %+v", len(calls), calls)
+	}
+	wantCall(t, calls[0], "begin", "")
+	wantCall(t, calls[1], "query", sqlMigrationLock, arg{"lock", "fenced_migrate:fenced_t"}, arg{"timeout_ms", int32(60000)})
+	wantCall(t, calls[2], "exec", sqlCreateSchema, arg{"schema", "fenced_t"})
+	wantCall(t, calls[3], "exec", d.sql.createMigrations)
+	wantCall(t, calls[4], "query", d.sql.schemaVersion)
+	wantCall(t, calls[5], "exec", d.sql.names.Replace(string(body)))
+	wantCall(t, calls[6], "exec", d.sql.recordMigration, arg{"version", int32(1)})
+	wantCall(t, calls[7], "commit", "")
+
+	// Up to date: nothing is applied.
+	rec, db = newRecorder(t, status(1), reply{}, reply{}, version(1))
+	if err := New(db).Migrate(ctxT(t)); err != nil {
+		t.Fatal(err)
+	}
+	if calls := rec.Calls(); len(calls) != 6 || calls[5].kind != "commit" {
+		t.Fatalf("up to date: %+v", calls)
+	}
+
+	// The lock timed out: roll back and say so.
+	rec, db = newRecorder(t, status(-1))
+	if err := New(db).Migrate(ctxT(t)); err == nil || !strings.Contains(err.Error(), "sp_getapplock returned -1") {
+		t.Fatalf("lock timeout: %v", err)
+	}
+	if calls := rec.Calls(); calls[len(calls)-1].kind != "rollback" {
+		t.Fatalf("no rollback: %+v", calls)
+	}
+}
+
+func TestCloseLeavesACallersHandleOpen(t *testing.T) {
+	_, db := newRecorder(t)
+	if err := New(db).Close(); err != nil {
+		t.Fatal(err)
+	}
+	if err := db.PingContext(ctxT(t)); err != nil {
+		t.Fatalf("the caller's handle was closed: %v", err)
+	}
+}
