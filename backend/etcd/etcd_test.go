@@ -3,10 +3,12 @@ package etcd
 import (
 	"context"
 	"crypto/rand"
+	"errors"
 	"fmt"
 	"os"
 	"testing"
 
+	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.uber.org/goleak"
 
@@ -73,15 +75,18 @@ func openDriver(t testing.TB, endpoints []string, prefix string) *Driver {
 	return d
 }
 
-// expire revokes the etcd lease attached to the owner key: etcd deletes the key, which is
-// exactly what happens when the lease's TTL runs out, judged by the server.
+// expire does what etcd does when an etcd lease's TTL runs out: the owner key disappears
+// (here in one Txn that reads and deletes it, so that a renewal moving the key onto a new etcd
+// lease at the same moment cannot slip past), then the etcd lease it was on is revoked.
+// TestPausedClientOutlivesItsLease waits for the real thing instead.
 func expire(ctx context.Context, d *Driver, resource string) error {
-	resp, err := d.cli.Get(ctx, d.keys(resource).owner)
+	owner := d.keys(resource).owner
+	resp, err := d.cli.Txn(ctx).Then(clientv3.OpGet(owner), clientv3.OpDelete(owner)).Commit()
 	if err != nil {
 		return err
 	}
-	for _, kv := range resp.Kvs {
-		if _, err := d.cli.Revoke(ctx, clientv3.LeaseID(kv.Lease)); err != nil {
+	if kv := kv(resp, 0); kv != nil && kv.lease != 0 {
+		if _, err := d.cli.Revoke(ctx, clientv3.LeaseID(kv.lease)); err != nil && !errors.Is(err, rpctypes.ErrLeaseNotFound) {
 			return err
 		}
 	}
