@@ -26,14 +26,18 @@ func Main(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io
 	root.SetIn(stdin)
 	root.SetOut(stdout)
 	root.SetErr(stderr)
-	err := root.ExecuteContext(ctx)
+	cmd, err := root.ExecuteContextC(ctx)
 	if err == nil {
 		return ExitOK
 	}
 	if !a.ran {
 		// cobra rejected the command line (unknown command or flag, bad or missing argument)
 		// before any command ran.
-		err = &usageError{msg: err.Error() + `; see "fenced help"`}
+		hint := `; see "fenced help"`
+		if cmd != nil && cmd != root {
+			hint = fmt.Sprintf("; see %q", cmd.CommandPath()+" --help")
+		}
+		err = &usageError{msg: err.Error() + hint}
 	}
 	fmt.Fprintln(stderr, sentence(err))
 	return exitCode(err)

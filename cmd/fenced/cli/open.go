@@ -19,7 +19,7 @@ const dbHelp = `database URL: sqlite:PATH, postgres://... or postgresql://... (d
 func openDriver(ctx context.Context, url string) (driver.Driver, error) {
 	scheme, _, ok := strings.Cut(url, ":")
 	if !ok || scheme == "" {
-		return nil, usagef("the database URL has no scheme; use sqlite:PATH or postgres://...")
+		return nil, usagef("the database URL has no scheme; use sqlite:PATH or a postgres:// URL")
 	}
 	switch strings.ToLower(scheme) {
 	case "sqlite":
@@ -28,6 +28,6 @@ func openDriver(ctx context.Context, url string) (driver.Driver, error) {
 		return postgres.Open(ctx, url)
 	default:
 		// Only the scheme is quoted: the rest of a URL may hold a password.
-		return nil, usagef("the database URL scheme %q is not supported; use sqlite:PATH or postgres://...", scheme)
+		return nil, usagef("the database URL scheme %q is not supported; use sqlite:PATH or a postgres:// URL", scheme)
 	}
 }
