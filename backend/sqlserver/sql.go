@@ -32,6 +32,15 @@ import (
 // microseconds left over. See splitTTL.
 const leaseEnd = `DATEADD(second, @ttl_s, DATEADD(microsecond, @ttl_us, SYSUTCDATETIME()))`
 
+// autocommit begins every protocol statement, to undo two session settings that a login
+// trigger, the server's "user options" or the caller's own session can turn on. With NOCOUNT
+// on, go-mssqldb's RowsAffected is 0, so an accepted publication would look refused. With
+// IMPLICIT_TRANSACTIONS on, an UPDATE (or a SELECT, which then leaves the connection inside a
+// transaction for the next statement) would open a transaction that nobody commits, and an
+// acknowledged change would be rolled back when the connection is reset. Settings made in a
+// parameterized batch (sp_executesql) revert when the batch ends.
+const autocommit = "SET NOCOUNT OFF; SET IMPLICIT_TRANSACTIONS OFF;\n"
+
 const (
 	// tmplProvision (resource) inserts the row unless it exists. Without the hints, two
 	// sessions could both find no row under READ COMMITTED (no lock is held on a key that is
@@ -40,12 +49,12 @@ const (
 	// first to commit and then sees its row. (HOLDLOCK alone would take shared range locks that
 	// both sessions get, and then deadlock on the insert.) A duplicate-key error is still
 	// treated as success, for callers whose session isolation changes the hints' effect.
-	tmplProvision = `INSERT INTO {resources} (resource)
+	tmplProvision = autocommit + `INSERT INTO {resources} (resource)
 SELECT @resource
 WHERE NOT EXISTS (SELECT 1 FROM {resources} WITH (UPDLOCK, HOLDLOCK) WHERE resource = @resource)`
 
-	// tmplAcquireUpdate (resource, owner, ttl_s, ttl_us) is the acquisition itself. Its OUTPUT
-	// row carries acquired = 1.
+	// tmplAcquireUpdate (resource, owner, ttl_s, ttl_us) is the acquisition itself (the raw
+	// benchmark baseline runs it alone). Its OUTPUT row carries acquired = 1.
 	tmplAcquireUpdate = `UPDATE {resources}
 SET generation = generation + 1, lease_owner = @owner, lease_until = ` + leaseEnd + `
 OUTPUT inserted.generation, TODATETIMEOFFSET(inserted.lease_until, 0), 1 AS acquired
@@ -54,48 +63,43 @@ WHERE resource = @resource AND (lease_until IS NULL OR lease_until <= SYSUTCDATE
 	// tmplAcquire runs the acquisition and, in the same round trip and only when it matched no
 	// row, reads the holder (acquired = 0) to say why. The read decides nothing: the refusal
 	// was the UPDATE's. No row at all means the resource is not provisioned.
-	tmplAcquire = tmplAcquireUpdate + `;
+	tmplAcquire = autocommit + tmplAcquireUpdate + `;
 IF @@ROWCOUNT = 0
     SELECT generation, TODATETIMEOFFSET(lease_until, 0), 0 AS acquired FROM {resources} WHERE resource = @resource`
 
 	// tmplRenew (resource, owner, generation, ttl_s, ttl_us).
-	tmplRenew = `UPDATE {resources}
+	tmplRenew = autocommit + `UPDATE {resources}
 SET lease_until = ` + leaseEnd + `
 OUTPUT TODATETIMEOFFSET(inserted.lease_until, 0)
 WHERE resource = @resource AND lease_owner = @owner AND generation = @generation
   AND lease_until > SYSUTCDATETIME()`
 
-	// nocountOff makes sure the UPDATE that follows reports its row count: go-mssqldb's
-	// RowsAffected is 0 when a login trigger, the server's "user options" or the caller's
-	// session turned NOCOUNT on, which would make an accepted publication look refused.
-	nocountOff = "SET NOCOUNT OFF;\n"
-
 	// tmplPublish (resource, owner, generation, payload).
-	tmplPublish = nocountOff + `UPDATE {resources}
+	tmplPublish = autocommit + `UPDATE {resources}
 SET payload = @payload, published_generation = @generation, published_at = SYSUTCDATETIME()
 WHERE resource = @resource AND lease_owner = @owner AND generation = @generation
   AND lease_until > SYSUTCDATETIME() AND published_generation < @generation`
 
 	// tmplPublishAndRelease has tmplPublish's parameters.
-	tmplPublishAndRelease = nocountOff + `UPDATE {resources}
+	tmplPublishAndRelease = autocommit + `UPDATE {resources}
 SET payload = @payload, published_generation = @generation, published_at = SYSUTCDATETIME(),
     lease_owner = NULL, lease_until = NULL
 WHERE resource = @resource AND lease_owner = @owner AND generation = @generation
   AND lease_until > SYSUTCDATETIME() AND published_generation < @generation`
 
 	// tmplRelease (resource, owner, generation).
-	tmplRelease = nocountOff + `UPDATE {resources}
+	tmplRelease = autocommit + `UPDATE {resources}
 SET lease_owner = NULL, lease_until = NULL
 WHERE resource = @resource AND lease_owner = @owner AND generation = @generation`
 
 	// tmplRead (resource).
-	tmplRead = `SELECT generation, lease_owner, TODATETIMEOFFSET(lease_until, 0), published_generation,
+	tmplRead = autocommit + `SELECT generation, lease_owner, TODATETIMEOFFSET(lease_until, 0), published_generation,
     TODATETIMEOFFSET(published_at, 0), CAST(COALESCE(DATALENGTH(payload), 0) AS BIGINT),
     TODATETIMEOFFSET(SYSUTCDATETIME(), 0)
 FROM {resources} WHERE resource = @resource`
 
 	// tmplReadPayload (resource).
-	tmplReadPayload = `SELECT published_generation, payload FROM {resources} WHERE resource = @resource`
+	tmplReadPayload = autocommit + `SELECT published_generation, payload FROM {resources} WHERE resource = @resource`
 )
 
 // Migration statements. They run in one transaction; see Driver.Migrate.

@@ -33,12 +33,12 @@ func TestStatementsHoldTheProtocolConditions(t *testing.T) {
 			"SELECT generation, TODATETIMEOFFSET(lease_until, 0), 0 AS acquired FROM [dbo].[fenced_resources] WHERE resource = @resource"}, []string{"@generation"}},
 		{"renew", s.renew, append([]string{"SET lease_until = " + leaseEnd,
 			"OUTPUT TODATETIMEOFFSET(inserted.lease_until, 0)", live}, lease...), []string{"generation + 1"}},
-		{"publish", s.publish, append([]string{"SET NOCOUNT OFF;", "payload = @payload",
+		{"publish", s.publish, append([]string{"payload = @payload",
 			"published_generation = @generation", "published_at = SYSUTCDATETIME()", live, unpublished}, lease...),
 			[]string{"lease_owner = NULL"}},
-		{"publish and release", s.publishAndRelease, append([]string{"SET NOCOUNT OFF;", "payload = @payload",
+		{"publish and release", s.publishAndRelease, append([]string{"payload = @payload",
 			"published_generation = @generation", "lease_owner = NULL, lease_until = NULL", live, unpublished}, lease...), nil},
-		{"release", s.release, append([]string{"SET NOCOUNT OFF;", "SET lease_owner = NULL, lease_until = NULL"}, lease...),
+		{"release", s.release, append([]string{"SET lease_owner = NULL, lease_until = NULL"}, lease...),
 			[]string{"payload", "generation + 1"}},
 		{"read", s.read, []string{"TODATETIMEOFFSET(lease_until, 0)", "TODATETIMEOFFSET(published_at, 0)",
 			"TODATETIMEOFFSET(SYSUTCDATETIME(), 0)", "DATALENGTH(payload)", "WHERE resource = @resource"}, nil},
@@ -61,14 +61,15 @@ func TestStatementsHoldTheProtocolConditions(t *testing.T) {
 			}
 		})
 	}
-	// Publish and release count changed rows, so NOCOUNT must be off before the UPDATE runs.
-	for _, text := range []string{s.publish, s.publishAndRelease, s.release} {
-		if !strings.HasPrefix(text, "SET NOCOUNT OFF;\nUPDATE ") {
-			t.Errorf("does not start with SET NOCOUNT OFF:\n%s", text)
+	// Every change commits by itself and reports its row count, whatever the session's settings.
+	for _, text := range []string{s.provision, s.acquire, s.renew, s.publish, s.publishAndRelease, s.release,
+		s.read, s.readPayload} {
+		if !strings.HasPrefix(text, "SET NOCOUNT OFF; SET IMPLICIT_TRANSACTIONS OFF;\n") {
+			t.Errorf("does not start with SET NOCOUNT OFF; SET IMPLICIT_TRANSACTIONS OFF:\n%s", text)
 		}
 	}
 	// The raw baseline's acquisition is the driver's, without the explaining read.
-	if !strings.HasPrefix(s.acquire, s.acquireUpdate+";\n") || strings.Contains(s.acquireUpdate, "SELECT") {
+	if !strings.HasPrefix(s.acquire, autocommit+s.acquireUpdate+";\n") || strings.Contains(s.acquireUpdate, "SELECT") {
 		t.Errorf("acquireUpdate is not the first statement of acquire:\n%s", s.acquireUpdate)
 	}
 }

@@ -414,8 +414,8 @@ func (d *Driver) ReadPayload(ctx context.Context, resource string) ([]byte, int6
 }
 
 // execOne runs a conditional UPDATE; ok is true when it changed exactly one row. The
-// statement begins with SET NOCOUNT OFF, so the count is reported whatever the session's
-// setting.
+// statement begins with SET NOCOUNT OFF (see autocommit), so the count is reported whatever
+// the session's setting.
 func (d *Driver) execOne(ctx context.Context, what, resource, query string, args []any) (bool, error) {
 	if err := checkResource(resource); err != nil {
 		return false, err
