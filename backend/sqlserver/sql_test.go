@@ -3,6 +3,7 @@ package sqlserver
 import (
 	"io/fs"
 	"math"
+	"net/url"
 	"strings"
 	"testing"
 	"time"
@@ -220,4 +221,31 @@ func TestConfig(t *testing.T) {
 	if d := New(nil); d.Schema() != "dbo" {
 		t.Fatalf("default schema %q", d.Schema())
 	}
+}
+
+// FuzzParseURL: parseURL never panics, never quotes a password in an error, and what it
+// accepts is a sqlserver:// URL without fenced's own parameter and with a valid schema.
+func FuzzParseURL(f *testing.F) {
+	for _, s := range []string{"sqlserver://sa:pw@localhost:1433?database=x&schema=s",
+		"sqlserver://sa:pw@h?schema=", "sqlserver://h/inst?database=a%20b", "mysql://x", "%zz", ""} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, raw string) {
+		dsn, cfg, err := parseURL(raw)
+		if err != nil {
+			if u, perr := url.Parse(raw); perr == nil && u.User != nil {
+				if p, ok := u.User.Password(); ok && len(p) > 3 && strings.Contains(err.Error(), p) {
+					t.Fatalf("error quotes the password: %v", err)
+				}
+			}
+			return
+		}
+		u, err := url.Parse(dsn)
+		if err != nil || u.Scheme != "sqlserver" || u.Query().Has("schema") {
+			t.Fatalf("parseURL(%q) = %q, %v", raw, dsn, err)
+		}
+		if _, err := cfg.withDefaults(); err != nil {
+			t.Fatalf("parseURL(%q) accepted schema %q", raw, cfg.Schema)
+		}
+	})
 }
