@@ -6,12 +6,16 @@
 // server; the conformance suite and the benchmarks run only when FENCED_TEST_SQLSERVER names
 // a server (see sqlserver_test.go).
 //
-// Every operation is one autocommit statement: an UPDATE whose WHERE clause is the protocol's
+// Every change is one autocommit statement: an UPDATE whose WHERE clause is the protocol's
 // condition, judged by SQL Server against SYSUTCDATETIME(). Acquire and Renew return the new
-// generation and expiry with OUTPUT in the same round trip; Publish, PublishAndRelease and
+// generation and expiry with OUTPUT in the same round trip (a refused Acquire reads the holder
+// in that round trip too, after the UPDATE has decided); Publish, PublishAndRelease and
 // Release are accepted when exactly one row was changed. An UPDATE takes an update lock on the
 // row before it evaluates the condition, also under READ_COMMITTED_SNAPSHOT, so concurrent
 // operations on one resource are evaluated one after another on the latest committed row.
+// Each batch first turns NOCOUNT and IMPLICIT_TRANSACTIONS off for itself (see autocommit in
+// sql.go), whatever the server or the caller's session set. The table must have no triggers:
+// SQL Server refuses OUTPUT without INTO on a table with enabled triggers.
 //
 // SYSUTCDATETIME() is read when a statement starts. A statement that then waits on a row lock
 // judges expiry by that earlier instant: a publication or renewal that waited while its lease
