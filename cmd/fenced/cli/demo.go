@@ -428,8 +428,9 @@ func (a *app) demoWorker(cmd *cobra.Command, name string, ttl time.Duration, pay
 			return fmt.Errorf("worker %s: expected \"go\" on standard input: %v", name, err)
 		}
 	}
-	// A worker that has been paused cannot know it: it publishes without consulting its local
-	// trust window (lease.Done), so that the database's check is what stands between it and B.
+	// The worker publishes without consulting its local trust window (lease.Done), as a process
+	// that has not yet noticed its pause would: the database's check is what stands between
+	// its stale write and B's result.
 	if naive {
 		db, ok := s.Driver().(*sqlite.Driver)
 		if !ok {
