@@ -56,7 +56,8 @@ const (
 // a payload over Options.MaxPayloadBytes.
 var ErrPayloadTooLarge = errors.New("payload exceeds the etcd backend's limit")
 
-// Options tunes a Driver. A nil *Options means the defaults.
+// Options tunes a Driver. A nil *Options means the defaults. New copies what it needs, so an
+// Options value may be reused or changed afterwards, also concurrently with the driver's use.
 type Options struct {
 	// Prefix is prepended to every key. Default DefaultPrefix. Several stores can share a
 	// cluster under different prefixes.
@@ -294,13 +295,14 @@ func (d *Driver) Renew(ctx context.Context, l driver.LeaseRef, ttl time.Duration
 			clientv3.OpPut(k.owner, l.Owner, clientv3.WithLease(lease.ID)),
 			clientv3.OpPut(k.until, encodeTime(until))).
 		Commit()
-	if err != nil || !resp.Succeeded {
-		// Also after a lost reply: the owner key may then sit on the new etcd lease, and
-		// revoking it ends the lease early, which is safe.
+	if err != nil {
+		// The outcome is unknown: the owner key may already sit on the new etcd lease, so
+		// it is left alone (revoking it would end a lease its holder may still be using);
+		// whichever of the two etcd leases no key uses expires on its own.
+		return time.Time{}, false, fmt.Errorf("renew txn: %w", err)
+	}
+	if !resp.Succeeded {
 		d.revoke(ctx, lease.ID)
-		if err != nil {
-			return time.Time{}, false, fmt.Errorf("renew txn: %w", err)
-		}
 		return time.Time{}, false, nil
 	}
 	if old := kv(resp, 0); old != nil && old.lease != 0 {
