@@ -32,7 +32,7 @@ const (
 // Config tunes a Store. The zero value, and a nil *Config, mean the defaults.
 type Config struct {
 	// MaxPayloadBytes is the largest payload Publish accepts. Default DefaultMaxPayloadBytes.
-	// A backend may impose a smaller limit of its own, which it documents.
+	// A driver with a smaller limit of its own (driver.PayloadLimiter) lowers it.
 	MaxPayloadBytes int
 
 	// SafetyMargin is how long before the lease's nominal end a holder stops trusting it:
@@ -94,6 +94,9 @@ func New(ctx context.Context, drv driver.Driver, cfg *Config) (*Store, error) {
 	if err != nil {
 		return nil, err
 	}
+	if pl, ok := drv.(driver.PayloadLimiter); ok && pl.MaxPayloadBytes() > 0 && pl.MaxPayloadBytes() < c.MaxPayloadBytes {
+		c.MaxPayloadBytes = pl.MaxPayloadBytes()
+	}
 	s := &Store{drv: drv, cfg: c}
 	if !c.SkipMigrate {
 		if err := s.Migrate(ctx); err != nil {
@@ -102,6 +105,10 @@ func New(ctx context.Context, drv driver.Driver, cfg *Config) (*Store, error) {
 	}
 	return s, nil
 }
+
+// MaxPayloadBytes is the largest payload Publish accepts: the configured limit, or the
+// driver's own if that is smaller.
+func (s *Store) MaxPayloadBytes() int { return s.cfg.MaxPayloadBytes }
 
 // Driver returns the backend the store runs on.
 func (s *Store) Driver() driver.Driver { return s.drv }

@@ -71,6 +71,13 @@ type Driver interface {
 	Close() error
 }
 
+// PayloadLimiter is implemented by a driver whose engine cannot store payloads as large as the
+// store's configured limit (etcd's request size, for example). The store then refuses larger
+// payloads as invalid input before sending anything.
+type PayloadLimiter interface {
+	MaxPayloadBytes() int
+}
+
 // LeaseRef identifies one acquisition.
 type LeaseRef struct {
 	Resource   string

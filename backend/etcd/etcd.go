@@ -476,3 +476,7 @@ func (d *Driver) ReadPayload(ctx context.Context, resource string) ([]byte, int6
 	}
 	return payload, p.generation, nil
 }
+
+// MaxPayloadBytes reports the driver's payload limit, so that a fenced.Store refuses a larger
+// payload as invalid input before anything is sent.
+func (d *Driver) MaxPayloadBytes() int { return d.maxPayload }

@@ -4,30 +4,44 @@ import (
 	"context"
 	"strings"
 
+	"github.com/fenced-dev/fenced/backend/etcd"
+	"github.com/fenced-dev/fenced/backend/mysql"
 	"github.com/fenced-dev/fenced/backend/postgres"
+	"github.com/fenced-dev/fenced/backend/redis"
 	"github.com/fenced-dev/fenced/backend/sqlite"
+	"github.com/fenced-dev/fenced/backend/sqlserver"
 	"github.com/fenced-dev/fenced/driver"
 )
 
 // defaultDB is used when neither --db nor FENCED_DB is set: a file in the current directory.
 const defaultDB = "sqlite:fenced.db"
 
+const schemes = "sqlite:PATH, postgres://, mysql://, sqlserver://, etcd://host:port[,host:port] or redis://"
+
 // dbHelp describes the URL forms in the help text.
-const dbHelp = `database URL: sqlite:PATH, postgres://... or postgresql://... (default: $FENCED_DB, else sqlite:fenced.db)`
+const dbHelp = `database URL: ` + schemes + ` (default: $FENCED_DB, else sqlite:fenced.db)`
 
 // openDriver maps the URL's scheme to a backend. It is the one place that knows every backend.
 func openDriver(ctx context.Context, url string) (driver.Driver, error) {
 	scheme, _, ok := strings.Cut(url, ":")
 	if !ok || scheme == "" {
-		return nil, usagef("the database URL has no scheme; use sqlite:PATH or a postgres:// URL")
+		return nil, usagef("the database URL has no scheme; use %s", schemes)
 	}
 	switch strings.ToLower(scheme) {
 	case "sqlite":
 		return sqlite.OpenURL(url)
 	case "postgres", "postgresql":
 		return postgres.Open(ctx, url)
+	case "mysql", "mariadb":
+		return mysql.Open(url)
+	case "sqlserver":
+		return sqlserver.Open(url)
+	case "etcd":
+		return etcd.Open(url)
+	case "redis", "rediss":
+		return redis.Open(url)
 	default:
 		// Only the scheme is quoted: the rest of a URL may hold a password.
-		return nil, usagef("the database URL scheme %q is not supported; use sqlite:PATH or a postgres:// URL", scheme)
+		return nil, usagef("the database URL scheme %q is not supported; use %s", scheme, schemes)
 	}
 }
