@@ -11,19 +11,22 @@ package sqlite
 import (
 	"context"
 	"database/sql"
+	sqldriver "database/sql/driver"
 	"embed"
 	"errors"
 	"fmt"
 	"io/fs"
 	"net/url"
+	"os"
 	"sort"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/fenced-dev/fenced/driver"
 
-	_ "modernc.org/sqlite" // registers the "sqlite" database/sql driver
+	"modernc.org/sqlite" // registers the "sqlite" database/sql driver
 )
 
 //go:embed migrations/*.sql
@@ -33,6 +36,7 @@ var migrations embed.FS
 type Driver struct {
 	db    *sql.DB
 	owned bool
+	clock string // replaces nowMicros in every statement when set (WithClockOffsetFile)
 }
 
 var _ driver.Driver = (*Driver)(nil)
@@ -57,15 +61,68 @@ func DSN(path string) string {
 
 // Open opens (creating if needed) the database file at path. The returned driver owns the
 // handle and closes it in Close.
-func Open(path string) (*Driver, error) {
+func Open(path string, opts ...Option) (*Driver, error) {
 	if path == "" {
 		return nil, errors.New("open sqlite: the path is empty")
+	}
+	d := &Driver{owned: true}
+	for _, o := range opts {
+		if err := o(d); err != nil {
+			return nil, fmt.Errorf("open sqlite %s: %w", path, err)
+		}
 	}
 	db, err := sql.Open("sqlite", DSN(path))
 	if err != nil {
 		return nil, fmt.Errorf("open sqlite %s: %w", path, err)
 	}
-	return &Driver{db: db, owned: true}, nil
+	d.db = db
+	return d, nil
+}
+
+// Option changes how Open sets up the driver.
+type Option func(*Driver) error
+
+// WithClockOffsetFile makes every statement judge time by SQLite's clock plus an offset read,
+// at each statement, from the file at path: a decimal number of microseconds, possibly
+// negative; a missing or empty file means 0. It exists so that a fault injector (fenced
+// torture) can jump the clock of every process sharing the database at once. Without it the
+// statements read SQLite's clock directly, as always.
+func WithClockOffsetFile(path string) Option {
+	return func(d *Driver) error {
+		if err := registerClockOffset(); err != nil {
+			return fmt.Errorf("register clock offset function: %w", err)
+		}
+		d.clock = "(" + nowMicros + " + fenced_clock_offset_us('" + strings.ReplaceAll(path, "'", "''") + "'))"
+		return nil
+	}
+}
+
+var registerClockOffset = sync.OnceValue(func() error {
+	// Registered once per process; it is available to connections opened afterwards.
+	return sqlite.RegisterScalarFunction("fenced_clock_offset_us", 1,
+		func(_ *sqlite.FunctionContext, args []sqldriver.Value) (sqldriver.Value, error) {
+			path, _ := args[0].(string)
+			b, err := os.ReadFile(path)
+			if errors.Is(err, fs.ErrNotExist) {
+				return int64(0), nil
+			}
+			if err != nil {
+				return nil, err
+			}
+			s := strings.TrimSpace(string(b))
+			if s == "" {
+				return int64(0), nil
+			}
+			return strconv.ParseInt(s, 10, 64)
+		})
+})
+
+// q returns a statement as this driver runs it: unchanged unless a clock offset is set.
+func (d *Driver) q(statement string) string {
+	if d.clock == "" {
+		return statement
+	}
+	return strings.ReplaceAll(statement, nowMicros, d.clock)
 }
 
 // OpenURL opens a URL of the form sqlite:PATH (or sqlite://PATH).
@@ -133,7 +190,7 @@ func (d *Driver) Migrate(ctx context.Context) error {
 		if _, err := conn.ExecContext(ctx, string(body)); err != nil {
 			return fmt.Errorf("migration %s: %w", name, err)
 		}
-		if _, err := conn.ExecContext(ctx, `INSERT INTO fenced_schema_migrations (version, applied_at) VALUES (?, `+nowMicros+`)`, version); err != nil {
+		if _, err := conn.ExecContext(ctx, `INSERT INTO fenced_schema_migrations (version, applied_at) VALUES (?, `+d.q(nowMicros)+`)`, version); err != nil {
 			return err
 		}
 	}
@@ -145,13 +202,13 @@ func (d *Driver) Migrate(ctx context.Context) error {
 }
 
 func (d *Driver) Provision(ctx context.Context, resource string) error {
-	_, err := d.db.ExecContext(ctx, sqlProvision, resource)
+	_, err := d.db.ExecContext(ctx, d.q(sqlProvision), resource)
 	return err
 }
 
 func (d *Driver) Acquire(ctx context.Context, resource, owner string, ttl time.Duration) (driver.Grant, error) {
 	var gen, until int64
-	ok, err := queryOne(ctx, d.db, sqlAcquire, []any{resource, owner, ttl.Microseconds()}, &gen, &until)
+	ok, err := queryOne(ctx, d.db, d.q(sqlAcquire), []any{resource, owner, ttl.Microseconds()}, &gen, &until)
 	if err != nil {
 		return driver.Grant{}, err
 	}
@@ -168,7 +225,7 @@ func (d *Driver) Acquire(ctx context.Context, resource, owner string, ttl time.D
 
 func (d *Driver) Renew(ctx context.Context, l driver.LeaseRef, ttl time.Duration) (time.Time, bool, error) {
 	var until int64
-	ok, err := queryOne(ctx, d.db, sqlRenew, []any{l.Resource, l.Owner, l.Generation, ttl.Microseconds()}, &until)
+	ok, err := queryOne(ctx, d.db, d.q(sqlRenew), []any{l.Resource, l.Owner, l.Generation, ttl.Microseconds()}, &until)
 	if !ok || err != nil {
 		return time.Time{}, false, err
 	}
@@ -176,15 +233,15 @@ func (d *Driver) Renew(ctx context.Context, l driver.LeaseRef, ttl time.Duration
 }
 
 func (d *Driver) Publish(ctx context.Context, l driver.LeaseRef, payload []byte) (bool, error) {
-	return execOne(ctx, d.db, sqlPublish, l.Resource, l.Owner, l.Generation, nonNil(payload))
+	return execOne(ctx, d.db, d.q(sqlPublish), l.Resource, l.Owner, l.Generation, nonNil(payload))
 }
 
 func (d *Driver) PublishAndRelease(ctx context.Context, l driver.LeaseRef, payload []byte) (bool, error) {
-	return execOne(ctx, d.db, sqlPublishAndRelease, l.Resource, l.Owner, l.Generation, nonNil(payload))
+	return execOne(ctx, d.db, d.q(sqlPublishAndRelease), l.Resource, l.Owner, l.Generation, nonNil(payload))
 }
 
 func (d *Driver) Release(ctx context.Context, l driver.LeaseRef) (bool, error) {
-	return execOne(ctx, d.db, sqlRelease, l.Resource, l.Owner, l.Generation)
+	return execOne(ctx, d.db, d.q(sqlRelease), l.Resource, l.Owner, l.Generation)
 }
 
 func (d *Driver) Read(ctx context.Context, resource string) (driver.State, error) {
@@ -194,7 +251,7 @@ func (d *Driver) Read(ctx context.Context, resource string) (driver.State, error
 		until, publishedAt sql.NullInt64
 		now                int64
 	)
-	err := d.db.QueryRowContext(ctx, sqlRead, resource).Scan(&st.Generation, &owner, &until,
+	err := d.db.QueryRowContext(ctx, d.q(sqlRead), resource).Scan(&st.Generation, &owner, &until,
 		&st.PublishedGeneration, &publishedAt, &st.PayloadSize, &now)
 	if errors.Is(err, sql.ErrNoRows) {
 		return driver.State{}, driver.ErrNotFound
@@ -218,7 +275,7 @@ func (d *Driver) ReadPayload(ctx context.Context, resource string) ([]byte, int6
 		gen     int64
 		payload []byte
 	)
-	err := d.db.QueryRowContext(ctx, sqlReadPayload, resource).Scan(&gen, &payload)
+	err := d.db.QueryRowContext(ctx, d.q(sqlReadPayload), resource).Scan(&gen, &payload)
 	if errors.Is(err, sql.ErrNoRows) {
 		return nil, 0, driver.ErrNotFound
 	}
