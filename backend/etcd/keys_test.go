@@ -85,8 +85,9 @@ func TestOpenURLPrefix(t *testing.T) {
 	}
 }
 
-// A payload over the driver's limit fails before anything is sent, as an error (never a
-// refusal), and changes nothing; the limit is the driver's, whatever the store allows.
+// A payload over the driver's limit fails before anything is sent and changes nothing: the store
+// learns the driver's limit (driver.PayloadLimiter) and refuses it as invalid input, and the
+// driver itself refuses it with ErrPayloadTooLarge; never as a refusal of the lease.
 func TestPayloadOverDriverLimit(t *testing.T) {
 	ctx := testCtx(t)
 	prefix := newPrefix()
@@ -107,9 +108,16 @@ func TestPayloadOverDriverLimit(t *testing.T) {
 		func() error { return l.PublishAndRelease(ctx, make([]byte, 1001)) },
 	} {
 		err := publish()
-		if !errors.Is(err, ErrPayloadTooLarge) || errors.Is(err, fenced.ErrRefused) {
-			t.Fatalf("publish over the limit: %v, want ErrPayloadTooLarge", err)
+		if !errors.Is(err, fenced.ErrInvalid) || errors.Is(err, fenced.ErrRefused) {
+			t.Fatalf("publish over the limit: %v, want ErrInvalid", err)
 		}
+	}
+	if s.MaxPayloadBytes() != 1000 {
+		t.Fatalf("the store's limit is %d, want the driver's 1000", s.MaxPayloadBytes())
+	}
+	ref := driver.LeaseRef{Resource: "r", Owner: l.Owner(), Generation: l.Generation()}
+	if _, err := d.Publish(ctx, ref, make([]byte, 1001)); !errors.Is(err, ErrPayloadTooLarge) {
+		t.Fatalf("driver publish over the limit: %v, want ErrPayloadTooLarge", err)
 	}
 	st, err := s.Show(ctx, "r")
 	if err != nil || st.PublishedGeneration != 0 || !st.Held() {

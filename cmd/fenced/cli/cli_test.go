@@ -371,7 +371,7 @@ func TestExitCodes(t *testing.T) {
 			{"publish", "r", "--owner", l.Owner, "--generation", "0"},
 			{"publish", "r", "--owner", "has space", "--generation", "1"},
 			{"release", "r", "--generation", "1"}, // no owner
-			{"--db", "mysql://u@h/d", "show", "r"},
+			{"--db", "oracle://u@localhost/d", "show", "r"},
 			{"--db", "fenced.db", "show", "r"},
 		} {
 			msg := tg.fails(2, nil, args...)

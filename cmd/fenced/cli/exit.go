@@ -27,7 +27,8 @@ const exitCodesHelp = `Exit codes:
   4  not found: the resource is not provisioned (also when a lease operation is refused
      because the resource does not exist), or get found nothing published
   5  refused: the lease presented is not current (superseded, expired, released, or this
-     generation already published); nothing changed`
+     generation already published), or run lost its lease; nothing changed
+  run passes on the exit code of a command that failed`
 
 // usageError is input that was rejected before anything was sent to the database.
 type usageError struct{ msg string }
@@ -41,17 +42,22 @@ func usagef(format string, args ...any) error {
 // exitCode maps an error to the process's exit code. The order matters: a refusal caused by a
 // missing resource matches both ErrRefused and ErrNotProvisioned and is reported as not found.
 func exitCode(err error) int {
-	var usage *usageError
+	var (
+		usage   *usageError
+		command *commandExit
+	)
 	switch {
 	case err == nil:
 		return ExitOK
+	case errors.As(err, &command):
+		return command.code
 	case errors.As(err, &usage), errors.Is(err, fenced.ErrInvalid):
 		return ExitUsage
 	case errors.Is(err, fenced.ErrBusy):
 		return ExitBusy
 	case errors.Is(err, fenced.ErrNotProvisioned), errors.Is(err, fenced.ErrNothingPublished):
 		return ExitNotFound
-	case errors.Is(err, fenced.ErrRefused):
+	case errors.Is(err, fenced.ErrRefused), errors.Is(err, fenced.ErrLeaseLost):
 		return ExitRefused
 	default:
 		return ExitOperational

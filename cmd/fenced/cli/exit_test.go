@@ -26,6 +26,9 @@ func TestExitCode(t *testing.T) {
 		{"refused, superseded", &fenced.RefusedError{Op: "publish", Cause: fenced.CauseSuperseded}, ExitRefused},
 		{"refused, expired", &fenced.RefusedError{Op: "renew", Cause: fenced.CauseExpired}, ExitRefused},
 		{"refused, not provisioned", &fenced.RefusedError{Op: "release", Cause: fenced.CauseNotProvisioned}, ExitNotFound},
+		{"lease lost in run", fmt.Errorf("run %q: %w", "r", fenced.ErrLeaseLost), ExitRefused},
+		{"command failed", fmt.Errorf("run: build: %w", &commandExit{code: 42, desc: "x exited with code 42"}), 42},
+		{"command not started", &commandExit{code: 127, desc: "start x"}, 127},
 		{"operational", fmt.Errorf("migrate: %w", errors.New("connection refused")), ExitOperational},
 		{"cancelled", context.Canceled, ExitOperational},
 	} {

@@ -10,3 +10,10 @@ import (
 func stopProcess(p *os.Process) error { return p.Signal(syscall.SIGSTOP) }
 
 func contProcess(p *os.Process) error { return p.Signal(syscall.SIGCONT) }
+
+// commandProcAttr puts a command run under a lease in a process group of its own, so that
+// losing the lease stops its children too.
+func commandProcAttr() *syscall.SysProcAttr { return &syscall.SysProcAttr{Setpgid: true} }
+
+// signalGroup signals p's process group.
+func signalGroup(p *os.Process, sig syscall.Signal) error { return syscall.Kill(-p.Pid, sig) }

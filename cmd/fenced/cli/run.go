@@ -1,0 +1,157 @@
+package cli
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"strconv"
+	"syscall"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/fenced-dev/fenced"
+)
+
+// commandExit is a wrapped command that exited unsuccessfully: fenced run passes its code on.
+type commandExit struct {
+	code int
+	desc string
+}
+
+func (e *commandExit) Error() string { return e.desc + "; nothing was published" }
+
+func (a *app) runCmd() *cobra.Command {
+	var (
+		ttl   string
+		renew bool
+		grace time.Duration
+	)
+	cmd := &cobra.Command{
+		Use:   "run RESOURCE --ttl DURATION [--renew] -- COMMAND [ARGS...]",
+		Short: "Run a command under the resource's lease and publish its standard output",
+		Long: `Acquire the resource's lease, run COMMAND with FENCED_RESOURCE, FENCED_GENERATION and
+FENCED_OWNER in its environment, and publish its standard output under the lease, then
+release. Standard input and standard error pass through.
+
+The command is trusted only while the lease is: until acquired + TTL - safety margin on this
+machine's monotonic clock, extended by each successful renewal with --renew. When the lease
+is lost (a renewal refused, or the trust window ends) the command's process group gets
+SIGTERM, then SIGKILL after --grace; nothing is published and the exit code is 5. Even a
+publication attempted at the last moment is checked by the database.
+
+A command that fails publishes nothing, and its exit code is passed on (128+N when it was
+killed by signal N, 127 when it could not be started).`,
+		Args: func(cmd *cobra.Command, args []string) error {
+			if dash := cmd.ArgsLenAtDash(); dash != 1 || len(args) < 2 {
+				return errors.New(`run takes one RESOURCE, then -- and the command to run`)
+			}
+			return nil
+		},
+		RunE: a.run(func(cmd *cobra.Command, args []string) error {
+			d, err := parseTTL(ttl)
+			if err != nil {
+				return err
+			}
+			if grace <= 0 {
+				return usagef("invalid --grace %s: it must be positive", grace)
+			}
+			s, err := a.open(cmd)
+			if err != nil {
+				return err
+			}
+			defer s.Close()
+			res, err := fenced.Run(cmd.Context(), s, args[0], &fenced.RunOptions{TTL: d, Renew: renew},
+				func(ctx context.Context, l *fenced.Lease) ([]byte, error) {
+					return a.runCommand(ctx, l, args[1:], grace, s.MaxPayloadBytes())
+				})
+			if err != nil {
+				return err
+			}
+			return a.print(map[string]any{"resource": res.Resource, "owner": res.Owner,
+				"generation": res.Generation, "published_generation": res.Generation, "payload_bytes": res.Size})
+		}),
+	}
+	cmd.Flags().StringVar(&ttl, "ttl", "", "the lease's time to live, e.g. 30s (required)")
+	cmd.Flags().BoolVar(&renew, "renew", false, "renew the lease every TTL/3 while the command runs")
+	cmd.Flags().DurationVar(&grace, "grace", 10*time.Second, "how long after SIGTERM a command that lost its lease gets before SIGKILL")
+	_ = cmd.MarkFlagRequired("ttl")
+	return cmd
+}
+
+// runCommand runs argv with the lease in its environment and returns its standard output.
+// When ctx ends (the lease is lost) the process group gets SIGTERM, then SIGKILL after grace.
+func (a *app) runCommand(ctx context.Context, l *fenced.Lease, argv []string, grace time.Duration, limit int) ([]byte, error) {
+	c := exec.Command(argv[0], argv[1:]...)
+	c.Env = append(os.Environ(),
+		"FENCED_RESOURCE="+l.Resource(),
+		"FENCED_GENERATION="+strconv.FormatInt(l.Generation(), 10),
+		"FENCED_OWNER="+l.Owner())
+	c.Stdin, c.Stderr = a.stdin, a.stderr
+	out := &limitedBuffer{limit: limit}
+	c.Stdout = out
+	c.SysProcAttr = commandProcAttr()
+	c.WaitDelay = grace // a grandchild that keeps stdout open cannot hold us forever
+	if err := c.Start(); err != nil {
+		return nil, &commandExit{code: 127, desc: fmt.Sprintf("start %s: %v", argv[0], err)}
+	}
+
+	exited := make(chan struct{})
+	stopped := make(chan struct{})
+	go func() { // the command's lifetime is bounded by the lease's
+		defer close(stopped)
+		select {
+		case <-exited:
+			return
+		case <-ctx.Done():
+		}
+		_ = signalGroup(c.Process, syscall.SIGTERM)
+		kill := time.NewTimer(grace)
+		defer kill.Stop()
+		select {
+		case <-exited:
+		case <-kill.C:
+			_ = signalGroup(c.Process, syscall.SIGKILL)
+		}
+	}()
+	err := c.Wait()
+	close(exited)
+	<-stopped
+
+	if ctx.Err() != nil {
+		return nil, context.Cause(ctx) // fenced.Run reports the lost lease
+	}
+	var ee *exec.ExitError
+	switch {
+	case errors.As(err, &ee):
+		if ws, ok := ee.Sys().(syscall.WaitStatus); ok && ws.Signaled() {
+			return nil, &commandExit{code: 128 + int(ws.Signal()), desc: fmt.Sprintf("%s was killed by %s", argv[0], ws.Signal())}
+		}
+		return nil, &commandExit{code: ee.ExitCode(), desc: fmt.Sprintf("%s exited with code %d", argv[0], ee.ExitCode())}
+	case err != nil:
+		return nil, fmt.Errorf("run %s: %w", argv[0], err)
+	case out.over:
+		return nil, usagef("the output of %s is larger than the payload limit of %d bytes; nothing was published", argv[0], limit)
+	}
+	return out.buf, nil
+}
+
+// limitedBuffer keeps up to limit bytes and notes whether more arrived; it keeps accepting
+// writes so that the command is not killed by a broken pipe.
+type limitedBuffer struct {
+	buf   []byte
+	limit int
+	over  bool
+}
+
+func (b *limitedBuffer) Write(p []byte) (int, error) {
+	n := len(p)
+	if room := b.limit - len(b.buf); n > room {
+		b.over = true
+		p = p[:max(room, 0)]
+	}
+	b.buf = append(b.buf, p...)
+	return n, nil
+}
