@@ -1,0 +1,196 @@
+package torture
+
+import (
+	"strings"
+	"testing"
+	"time"
+
+	"go.uber.org/goleak"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+// hist writes histories by hand: each op is a call and, unless ret is 0, a return.
+type hist struct {
+	recs []Record
+	ids  map[string]int64
+}
+
+func (h *hist) op(proc string, call, ret int64, c, r Record) {
+	if h.ids == nil {
+		h.ids = map[string]int64{}
+	}
+	h.ids[proc]++
+	id := h.ids[proc]
+	c.Kind, c.Proc, c.ID, c.Time = KindCall, proc, id, call
+	if c.Resource == "" {
+		c.Resource = "r"
+	}
+	h.recs = append(h.recs, c)
+	if ret != 0 {
+		r.Kind, r.Proc, r.ID, r.Time = KindReturn, proc, id, ret
+		h.recs = append(h.recs, r)
+	}
+}
+
+func (h *hist) acquire(proc string, call, ret int64, owner, out string, gen int64) {
+	h.op(proc, call, ret, Record{Op: OpAcquire, Owner: owner, TTLMs: 500}, Record{Out: out, Gen: gen})
+}
+
+func (h *hist) write(proc string, call, ret int64, kind, owner string, gen int64, payload, out string) {
+	h.op(proc, call, ret, Record{Op: kind, Owner: owner, Gen: gen, Payload: payload}, Record{Out: out})
+}
+
+func (h *hist) show(proc string, call, ret int64, gen int64, owner string, pub int64, bytes int64) {
+	h.op(proc, call, ret, Record{Op: OpShow}, Record{Out: OutOK, Gen: gen, ReadOwner: owner, ReadPub: pub, PayloadBytes: bytes})
+}
+
+func (h *hist) get(proc string, call, ret int64, pub int64, payload string) {
+	h.op(proc, call, ret, Record{Op: OpGet}, Record{Out: OutOK, ReadPub: pub, Payload: payload})
+}
+
+func (h *hist) check(t *testing.T) *Result {
+	t.Helper()
+	r := Check(Build(h.recs, 0), nil, 30*time.Second)
+	for _, v := range r.Violations {
+		t.Logf("violation: %s: %s (involved %v, excerpt %v)", v.Invariant, v.Message, v.Involved, v.Excerpt)
+	}
+	return r
+}
+
+func wantViolated(t *testing.T, r *Result, invariants ...string) {
+	t.Helper()
+	for _, inv := range invariants {
+		found := false
+		for _, v := range r.Violations {
+			found = found || v.Invariant == inv
+		}
+		if !found {
+			t.Errorf("%q was not reported violated", inv)
+		}
+	}
+}
+
+// valid is A acquiring, publishing and releasing; B taking over while A's later, stale
+// publication is refused; reads along the way.
+func valid() *hist {
+	h := &hist{}
+	h.acquire("A", 10, 20, "a1", OutOK, 1)
+	h.write("A", 30, 40, OpPublish, "a1", 1, "p-a1", OutOK)
+	h.write("A", 50, 60, OpRelease, "a1", 1, "", OutOK)
+	h.show("R", 65, 70, 1, "", 1, 4)
+	h.acquire("A", 100, 110, "a2", OutOK, 2)
+	h.acquire("B", 105, 115, "b1", OutBusy, 0)
+	h.acquire("B", 200, 210, "b2", OutOK, 3) // A's generation 2 expired meanwhile
+	h.write("A", 220, 230, OpPublish, "a2", 2, "p-a2", OutRefused)
+	h.write("B", 240, 250, OpPublishRelease, "b2", 3, "p-b2", OutOK)
+	h.write("A", 260, 270, OpRelease, "a2", 2, "", OutRefused)
+	h.get("R", 280, 290, 3, "p-b2")
+	h.show("R", 300, 310, 3, "", 3, 4)
+	return h
+}
+
+func TestValidHistoryPasses(t *testing.T) {
+	r := valid().check(t)
+	if !r.OK() || len(r.Inconclusive) != 0 {
+		t.Fatalf("a valid history was flagged")
+	}
+	if r.Ops != 12 || r.Unknown != 0 {
+		t.Errorf("ops %d unknown %d", r.Ops, r.Unknown)
+	}
+}
+
+func TestStalePublishFlagged(t *testing.T) {
+	h := &hist{}
+	h.acquire("A", 10, 20, "a1", OutOK, 1)
+	h.acquire("B", 100, 110, "b1", OutOK, 2)
+	h.write("A", 120, 130, OpPublish, "a1", 1, "stale", OutOK) // accepted: the fence failed
+	h.get("R", 140, 150, 1, "stale")
+	r := h.check(t)
+	wantViolated(t, r, InvFence, InvLinearizable)
+	for _, v := range r.Violations {
+		if v.Invariant == InvFence && (len(v.Involved) != 2 || !strings.Contains(v.Message, "generation 1 was accepted after generation 2")) {
+			t.Errorf("fence violation: %+v", v)
+		}
+	}
+}
+
+func TestDuplicateTokensFlagged(t *testing.T) {
+	h := &hist{}
+	h.acquire("A", 10, 20, "a1", OutOK, 1)
+	h.acquire("B", 15, 25, "b1", OutOK, 1)
+	r := h.check(t)
+	wantViolated(t, r, InvUniqueTokens, InvLinearizable)
+}
+
+// An acquisition whose reply was lost must have happened for B's generation 2 to make sense,
+// and a publication whose reply was lost must have happened for the read to make sense.
+func TestUnknownThatMustHaveHappenedPasses(t *testing.T) {
+	h := &hist{}
+	h.acquire("A", 10, 0, "a1", "", 0) // killed: no return
+	h.acquire("B", 500, 510, "b1", OutOK, 2)
+	h.op("B", 520, 530, Record{Op: OpPublish, Owner: "b1", Gen: 2, Payload: "p-b1"}, Record{Out: OutUnknown, Err: "reply dropped"})
+	h.get("R", 600, 610, 2, "p-b1")
+	h.show("R", 620, 630, 2, "b1", 2, 4)
+	r := h.check(t)
+	if !r.OK() {
+		t.Fatal("a history explained by its unknown operations was flagged")
+	}
+	if r.Unknown != 2 {
+		t.Errorf("unknown = %d, want 2", r.Unknown)
+	}
+}
+
+func TestPublishedGenerationBackwardsFlagged(t *testing.T) {
+	h := valid()
+	h.show("R", 400, 410, 3, "", 1, 4) // generation 3 had published; the row says 1 again
+	r := h.check(t)
+	wantViolated(t, r, InvPublishedGrows, InvReadsMonotonic, InvLinearizable)
+}
+
+func TestRenewAfterSupersededFlagged(t *testing.T) {
+	h := &hist{}
+	h.acquire("A", 10, 20, "a1", OutOK, 1)
+	h.acquire("B", 100, 110, "b1", OutOK, 2)
+	h.write("A", 120, 130, OpRenew, "a1", 1, "", OutOK)
+	r := h.check(t)
+	wantViolated(t, r, InvFence, InvLinearizable)
+}
+
+func TestSecondPublicationFlagged(t *testing.T) {
+	h := &hist{}
+	h.acquire("A", 10, 20, "a1", OutOK, 1)
+	h.write("A", 30, 40, OpPublish, "a1", 1, "one", OutOK)
+	h.write("A", 50, 60, OpPublish, "a1", 1, "two", OutOK)
+	r := h.check(t)
+	wantViolated(t, r, InvOnePublication, InvPublishedGrows, InvLinearizable)
+}
+
+func TestForeignPayloadFlagged(t *testing.T) {
+	h := &hist{}
+	h.acquire("A", 10, 20, "a1", OutOK, 1)
+	h.write("A", 30, 40, OpPublish, "a1", 1, "one", OutOK)
+	h.get("R", 50, 60, 1, "something else")
+	r := h.check(t)
+	wantViolated(t, r, InvPayloadBelongs, InvLinearizable)
+}
+
+// The excerpt of a violation holds the operations involved and those concurrent with them,
+// not the whole history.
+func TestExcerptIsSmall(t *testing.T) {
+	h := &hist{}
+	for i := int64(0); i < 50; i++ { // unrelated history before
+		h.show("R", 1+i*2, 2+i*2, 0, "", 0, 0)
+	}
+	h.acquire("A", 1000, 1010, "a1", OutOK, 1)
+	h.acquire("B", 1100, 1110, "b1", OutOK, 2)
+	h.show("R", 1105, 1108, 1, "a1", 0, 0) // concurrent with B's acquisition
+	h.write("A", 1200, 1210, OpPublish, "a1", 1, "stale", OutOK)
+	r := h.check(t)
+	for _, v := range r.Violations {
+		if v.Invariant == InvFence && len(v.Excerpt) != 3 {
+			t.Errorf("fence excerpt %v, want B's acquisition, the concurrent read and the stale publication", v.Excerpt)
+		}
+	}
+	wantViolated(t, r, InvFence)
+}

@@ -1,0 +1,369 @@
+package torture
+
+import (
+	"bufio"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io/fs"
+	"math"
+	"os"
+	"path/filepath"
+	"sort"
+	"strings"
+	"sync"
+
+	"golang.org/x/sys/unix"
+)
+
+// Operation kinds, as recorded.
+const (
+	OpAcquire        = "acquire"
+	OpRenew          = "renew"
+	OpPublish        = "publish"
+	OpPublishRelease = "publish_release"
+	OpRelease        = "release"
+	OpShow           = "show"
+	OpGet            = "get"
+)
+
+// Outcomes, as recorded. Anything that is not a definite answer is OutUnknown.
+const (
+	OutOK       = "ok"
+	OutBusy     = "busy"
+	OutRefused  = "refused"
+	OutNotFound = "notfound" // not provisioned, or (get) nothing published
+	OutUnknown  = "unknown"
+)
+
+// Record kinds.
+const (
+	KindCall   = "call"
+	KindReturn = "return"
+	KindNote   = "note"  // a worker's remark (a dropped reply's true result); never checked
+	KindEvent  = "event" // a nemesis or process event written by the parent
+)
+
+// Record is one line of a history file.
+type Record struct {
+	Kind string `json:"k"`
+	Proc string `json:"p"`
+	ID   int64  `json:"id,omitempty"` // operation number within Proc
+	Time int64  `json:"t"`            // CLOCK_MONOTONIC, nanoseconds
+
+	// call
+	Op       string `json:"op,omitempty"`
+	Resource string `json:"r,omitempty"`
+	Owner    string `json:"owner,omitempty"`
+	Gen      int64  `json:"gen,omitempty"` // the lease's generation (call) or the result's (return)
+	TTLMs    int64  `json:"ttl_ms,omitempty"`
+	Payload  string `json:"payload,omitempty"` // published (call) or read (get's return)
+
+	// return
+	Out          string `json:"out,omitempty"`
+	Err          string `json:"err,omitempty"`
+	ReadOwner    string `json:"read_owner,omitempty"`
+	ReadPub      int64  `json:"read_pub,omitempty"`
+	PayloadBytes int64  `json:"payload_bytes,omitempty"`
+
+	// note and event
+	Event    string `json:"event,omitempty"` // pause, resume, kill, start, exit, restart, clock, drop
+	Slot     int    `json:"slot,omitempty"`
+	Pid      int    `json:"pid,omitempty"`
+	EndTime  int64  `json:"end,omitempty"` // when the event ended (pause, restart)
+	OffsetMs int64  `json:"offset_ms,omitempty"`
+	Detail   string `json:"detail,omitempty"`
+}
+
+// Now is CLOCK_MONOTONIC in nanoseconds: the system-wide monotonic clock, comparable between
+// processes on one host (Go's own monotonic reading is relative to each process's start).
+func Now() int64 {
+	var ts unix.Timespec
+	if err := unix.ClockGettime(unix.CLOCK_MONOTONIC, &ts); err != nil {
+		panic(fmt.Sprintf("clock_gettime(CLOCK_MONOTONIC): %v", err)) // cannot fail on Linux
+	}
+	return ts.Nano()
+}
+
+// Recorder appends records to one history file. Each record is one write(2) on an O_APPEND
+// file, with no buffering in this process, so that a record written before a request was sent
+// survives the process being killed while it waits. It is safe for concurrent use.
+type Recorder struct {
+	mu   sync.Mutex
+	f    *os.File
+	proc string
+	next int64
+}
+
+// NewRecorder creates (or appends to) the history file at path for process proc.
+func NewRecorder(path, proc string) (*Recorder, error) {
+	f, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o644)
+	if err != nil {
+		return nil, fmt.Errorf("open history: %w", err)
+	}
+	return &Recorder{f: f, proc: proc}, nil
+}
+
+// Write stamps r with the process and, when it has none, the current time, and appends it.
+func (w *Recorder) Write(r Record) error {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	r.Proc = w.proc
+	if r.Time == 0 {
+		r.Time = Now()
+	}
+	line, err := json.Marshal(r)
+	if err != nil {
+		return fmt.Errorf("encode history record: %w", err)
+	}
+	if _, err := w.f.Write(append(line, '\n')); err != nil {
+		return fmt.Errorf("write history: %w", err)
+	}
+	return nil
+}
+
+// Call records the start of an operation and returns its number. The time is taken last, so
+// that it is as close as possible to the request.
+func (w *Recorder) Call(r Record) (int64, error) {
+	w.mu.Lock()
+	w.next++
+	id := w.next
+	w.mu.Unlock()
+	r.Kind, r.ID, r.Time = KindCall, id, 0
+	return id, w.Write(r)
+}
+
+// Close closes the file.
+func (w *Recorder) Close() error { return w.f.Close() }
+
+// Op is one operation of the merged history. Return is End (the end of the history) when the
+// outcome is unknown.
+type Op struct {
+	Index    int // position in History.Ops
+	Proc     string
+	ID       int64
+	Kind     string
+	Resource string
+	Owner    string
+	Gen      int64 // the lease's generation; for an acquisition, the one granted
+	TTLMs    int64
+	Payload  string // published, or read by get
+	Call     int64
+	Return   int64
+	Out      string
+	Err      string
+	// Reads.
+	ReadGen      int64
+	ReadOwner    string
+	ReadPub      int64
+	PayloadBytes int64
+	Note         string // a dropped reply's true result, for the report only
+}
+
+// Unknown reports whether the operation may or may not have taken effect.
+func (o *Op) Unknown() bool { return o.Out == OutUnknown }
+
+// Write reports whether the operation carries a lease.
+func (o *Op) Write() bool {
+	switch o.Kind {
+	case OpRenew, OpPublish, OpPublishRelease, OpRelease:
+		return true
+	}
+	return false
+}
+
+// Read reports whether the operation reads the row.
+func (o *Op) Read() bool { return o.Kind == OpShow || o.Kind == OpGet }
+
+// History is every process's operations, sorted by call time, and the nemesis's events.
+type History struct {
+	Ops    []*Op
+	Events []Record
+	Start  int64 // the earliest time in the history
+	End    int64 // later than every time in the history: the return time of unknown outcomes
+	// Truncated counts lines that could not be decoded (a record cut by a crash).
+	Truncated int
+}
+
+// Load reads every *.jsonl file in dir.
+func Load(dir string) (*History, error) {
+	files, err := filepath.Glob(filepath.Join(dir, "*.jsonl"))
+	if err != nil {
+		return nil, err
+	}
+	var recs []Record
+	h := &History{}
+	for _, f := range files {
+		rs, bad, err := readFile(f)
+		if err != nil {
+			return nil, err
+		}
+		recs = append(recs, rs...)
+		h.Truncated += bad
+	}
+	if len(files) == 0 {
+		return nil, fmt.Errorf("load history: no *.jsonl files in %s: %w", dir, fs.ErrNotExist)
+	}
+	return Build(recs, h.Truncated), nil
+}
+
+func readFile(path string) ([]Record, int, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, 0, fmt.Errorf("read history: %w", err)
+	}
+	defer f.Close()
+	var (
+		out []Record
+		bad int
+	)
+	sc := bufio.NewScanner(f)
+	sc.Buffer(make([]byte, 1<<20), 8<<20)
+	for sc.Scan() {
+		var r Record
+		if err := json.Unmarshal(sc.Bytes(), &r); err != nil {
+			bad++
+			continue
+		}
+		out = append(out, r)
+	}
+	if err := sc.Err(); err != nil {
+		return nil, 0, fmt.Errorf("read history %s: %w", path, err)
+	}
+	return out, bad, nil
+}
+
+// Build pairs calls with returns. It is exported for tests that write histories by hand.
+func Build(recs []Record, truncated int) *History {
+	h := &History{Truncated: truncated, Start: math.MaxInt64}
+	type key struct {
+		proc string
+		id   int64
+	}
+	calls := map[key]*Op{}
+	var maxTime int64
+	for _, r := range recs {
+		h.Start = min(h.Start, r.Time)
+		maxTime = max(maxTime, r.Time, r.EndTime)
+		switch r.Kind {
+		case KindCall:
+			op := &Op{Proc: r.Proc, ID: r.ID, Kind: r.Op, Resource: r.Resource, Owner: r.Owner, Gen: r.Gen,
+				TTLMs: r.TTLMs, Payload: r.Payload, Call: r.Time, Out: OutUnknown}
+			calls[key{r.Proc, r.ID}] = op
+			h.Ops = append(h.Ops, op)
+		case KindEvent:
+			h.Events = append(h.Events, r)
+		}
+	}
+	for _, r := range recs {
+		op := calls[key{r.Proc, r.ID}]
+		if op == nil {
+			continue
+		}
+		switch r.Kind {
+		case KindReturn:
+			op.Return, op.Out, op.Err = r.Time, r.Out, r.Err
+			if r.Out == "" || r.Out == OutUnknown {
+				op.Out = OutUnknown
+			}
+			switch op.Kind {
+			case OpAcquire:
+				op.Gen = r.Gen
+			case OpShow:
+				op.ReadGen, op.ReadOwner, op.ReadPub, op.PayloadBytes = r.Gen, r.ReadOwner, r.ReadPub, r.PayloadBytes
+			case OpGet:
+				op.ReadPub, op.Payload = r.ReadPub, r.Payload
+			}
+		case KindNote:
+			op.Note = r.Detail
+		}
+	}
+	h.End = maxTime + 1
+	for _, op := range h.Ops {
+		if op.Unknown() {
+			op.Return = h.End
+		}
+	}
+	if len(recs) == 0 {
+		h.Start = 0
+	}
+	sort.SliceStable(h.Ops, func(i, j int) bool { return h.Ops[i].Call < h.Ops[j].Call })
+	for i, op := range h.Ops {
+		op.Index = i
+	}
+	sort.SliceStable(h.Events, func(i, j int) bool { return h.Events[i].Time < h.Events[j].Time })
+	return h
+}
+
+// Resources lists the resources in the history, sorted.
+func (h *History) Resources() []string {
+	seen := map[string]bool{}
+	var out []string
+	for _, op := range h.Ops {
+		if !seen[op.Resource] {
+			seen[op.Resource] = true
+			out = append(out, op.Resource)
+		}
+	}
+	sort.Strings(out)
+	return out
+}
+
+// Describe renders an operation on one line, with times in seconds from the history's start.
+func (h *History) Describe(op *Op) string {
+	var b strings.Builder
+	ret := "…never (unknown)"
+	if !op.Unknown() {
+		ret = fmt.Sprintf("%.3fs", h.Seconds(op.Return))
+	}
+	fmt.Fprintf(&b, "#%d [%.3fs → %s] %s %s %s", op.Index, h.Seconds(op.Call), ret, op.Proc, op.Kind, op.Resource)
+	switch op.Kind {
+	case OpAcquire:
+		fmt.Fprintf(&b, " owner=%s ttl=%dms → %s", short(op.Owner), op.TTLMs, op.Out)
+		if op.Out == OutOK {
+			fmt.Fprintf(&b, " generation %d", op.Gen)
+		}
+	case OpShow:
+		fmt.Fprintf(&b, " → %s", op.Out)
+		if op.Out == OutOK {
+			fmt.Fprintf(&b, " generation %d owner %s published %d (%d bytes)", op.ReadGen, shortOr(op.ReadOwner), op.ReadPub, op.PayloadBytes)
+		}
+	case OpGet:
+		fmt.Fprintf(&b, " → %s", op.Out)
+		if op.Out == OutOK {
+			fmt.Fprintf(&b, " published %d payload %s", op.ReadPub, op.Payload)
+		}
+	default:
+		fmt.Fprintf(&b, " owner=%s generation %d", short(op.Owner), op.Gen)
+		if op.Payload != "" {
+			fmt.Fprintf(&b, " payload %s", op.Payload)
+		}
+		fmt.Fprintf(&b, " → %s", op.Out)
+	}
+	if op.Err != "" {
+		fmt.Fprintf(&b, " (%s)", op.Err)
+	}
+	if op.Note != "" {
+		fmt.Fprintf(&b, " [%s]", op.Note)
+	}
+	return b.String()
+}
+
+// Seconds converts a monotonic time to seconds since the history's start.
+func (h *History) Seconds(t int64) float64 { return float64(t-h.Start) / 1e9 }
+
+func short(owner string) string {
+	if len(owner) > 6 {
+		return owner[:6]
+	}
+	return owner
+}
+
+func shortOr(owner string) string {
+	if owner == "" {
+		return "none"
+	}
+	return short(owner)
+}
+
+var errNoHistory = errors.New("empty history")

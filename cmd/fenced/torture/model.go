@@ -1,0 +1,220 @@
+package torture
+
+import (
+	"fmt"
+	"hash/fnv"
+
+	"github.com/anishathalye/porcupine"
+)
+
+// state is one resource's row as far as the checker can know it. Expiry is not in it: the
+// checker cannot see the database's clock, so a held lease may have expired at any moment.
+type state struct {
+	Gen     int64
+	Owner   string // "" when released (an expired lease keeps its owner in the row)
+	Pub     int64  // published generation
+	Payload string // the published payload
+}
+
+// input and output are what porcupine sees of an operation.
+type input struct {
+	Kind    string
+	Owner   string
+	Gen     int64
+	Payload string
+}
+
+type output struct {
+	Out          string
+	Gen          int64 // acquire: granted; show: read
+	Owner        string
+	Pub          int64
+	Payload      string
+	PayloadBytes int64
+}
+
+// model is the protocol for one resource. It is nondeterministic only in what an unknown
+// outcome did: it may or may not have taken effect.
+func model(init state) porcupine.Model {
+	nm := porcupine.NondeterministicModel{
+		Partition: partitionByResource,
+		Init:      func() []any { return []any{init} },
+		Step: func(st, in, out any) []any {
+			return step(st.(state), in.(input), out.(output))
+		},
+		Hash: func(st any) uint64 {
+			s := st.(state)
+			h := fnv.New64a()
+			fmt.Fprintf(h, "%d|%s|%d|%s", s.Gen, s.Owner, s.Pub, s.Payload)
+			return h.Sum64()
+		},
+		DescribeOperation: func(in, out any) string {
+			i, o := in.(input), out.(output)
+			return fmt.Sprintf("%s(%s,%d) → %s %d", i.Kind, short(i.Owner), i.Gen, o.Out, o.Gen)
+		},
+		DescribeState: func(st any) string {
+			s := st.(state)
+			return fmt.Sprintf("generation %d owner %s published %d", s.Gen, shortOr(s.Owner), s.Pub)
+		},
+	}
+	return nm.ToModel()
+}
+
+// partitionByResource: resources are independent, so each is checked on its own. The
+// resource is carried in the operation's metadata.
+func partitionByResource(ops []porcupine.Operation) [][]porcupine.Operation {
+	byRes := map[string][]porcupine.Operation{}
+	var order []string
+	for _, op := range ops {
+		r := op.Metadata.(*Op).Resource
+		if _, ok := byRes[r]; !ok {
+			order = append(order, r)
+		}
+		byRes[r] = append(byRes[r], op)
+	}
+	out := make([][]porcupine.Operation, 0, len(order))
+	for _, r := range order {
+		out = append(out, byRes[r])
+	}
+	return out
+}
+
+// step returns the states the resource may be in after the operation, none if the operation
+// could not have returned what it did from st.
+func step(st state, in input, out output) []any {
+	unchanged := []any{st}
+	switch in.Kind {
+	case OpAcquire:
+		// A held lease may have expired at any moment, so an acquisition may succeed whatever
+		// the owner; it must then take exactly the next generation, for a new owner.
+		next := state{Gen: st.Gen + 1, Owner: in.Owner, Pub: st.Pub, Payload: st.Payload}
+		switch out.Out {
+		case OutOK:
+			if out.Gen == st.Gen+1 && in.Owner != st.Owner {
+				return []any{next}
+			}
+			return nil
+		case OutBusy:
+			return unchanged // an unexpired lease may be there: the checker cannot tell
+		case OutUnknown:
+			return []any{st, next}
+		}
+		return nil
+	case OpPublish, OpPublishRelease:
+		current := st.Owner == in.Owner && st.Gen == in.Gen && in.Gen > st.Pub
+		next := state{Gen: st.Gen, Owner: st.Owner, Pub: in.Gen, Payload: in.Payload}
+		if in.Kind == OpPublishRelease {
+			next.Owner = ""
+		}
+		switch out.Out {
+		case OutOK:
+			if current {
+				return []any{next}
+			}
+			return nil
+		case OutRefused:
+			return unchanged // the lease may have expired
+		case OutUnknown:
+			if current {
+				return []any{st, next}
+			}
+			return unchanged
+		}
+		return nil
+	case OpRenew:
+		switch out.Out {
+		case OutOK:
+			if st.Owner == in.Owner && st.Gen == in.Gen {
+				return unchanged
+			}
+			return nil
+		case OutRefused, OutUnknown:
+			return unchanged
+		}
+		return nil
+	case OpRelease:
+		// Release does not look at expiry: it is refused exactly when the lease is not the
+		// row's (owner, generation).
+		current := st.Owner == in.Owner && st.Gen == in.Gen
+		next := state{Gen: st.Gen, Pub: st.Pub, Payload: st.Payload}
+		switch out.Out {
+		case OutOK:
+			if current {
+				return []any{next}
+			}
+			return nil
+		case OutRefused:
+			if !current {
+				return unchanged
+			}
+			return nil
+		case OutUnknown:
+			if current {
+				return []any{st, next}
+			}
+			return unchanged
+		}
+		return nil
+	case OpShow:
+		switch out.Out {
+		case OutOK:
+			// An engine may clear an expired lease's owner (etcd deletes the key); none is
+			// therefore always a possible reading of the owner.
+			if out.Gen == st.Gen && out.Pub == st.Pub && (out.Owner == st.Owner || out.Owner == "") &&
+				out.PayloadBytes == int64(len(st.Payload)) {
+				return unchanged
+			}
+			return nil
+		case OutUnknown:
+			return unchanged
+		}
+		return nil
+	case OpGet:
+		switch out.Out {
+		case OutOK:
+			if out.Pub == st.Pub && out.Payload == st.Payload {
+				return unchanged
+			}
+			return nil
+		case OutNotFound:
+			if st.Pub == 0 {
+				return unchanged
+			}
+			return nil
+		case OutUnknown:
+			return unchanged
+		}
+		return nil
+	}
+	return nil
+}
+
+// porcupineOps converts the history's operations.
+func porcupineOps(h *History, ops []*Op) []porcupine.Operation {
+	ids := map[string]int{} // a small number per process, for porcupine's visualization
+	out := make([]porcupine.Operation, 0, len(ops))
+	for _, op := range ops {
+		in := input{Kind: op.Kind, Owner: op.Owner, Gen: op.Gen, Payload: op.Payload}
+		o := output{Out: op.Out}
+		switch op.Kind {
+		case OpAcquire:
+			in.Gen = 0
+			o.Gen = op.Gen
+		case OpShow:
+			o.Gen, o.Owner, o.Pub, o.PayloadBytes = op.ReadGen, op.ReadOwner, op.ReadPub, op.PayloadBytes
+		case OpGet:
+			in.Payload = ""
+			o.Pub, o.Payload = op.ReadPub, op.Payload
+		}
+		ret := op.Return
+		if op.Unknown() {
+			ret = h.End
+		}
+		if _, ok := ids[op.Proc]; !ok {
+			ids[op.Proc] = len(ids)
+		}
+		out = append(out, porcupine.Operation{ClientId: ids[op.Proc], Input: in, Output: o,
+			Call: op.Call, Return: ret, Metadata: op})
+	}
+	return out
+}
