@@ -24,6 +24,20 @@ var (
 	// ErrInvalid: an argument failed validation before anything was sent to the database.
 	ErrInvalid = errors.New("invalid argument")
 
+	// ErrOutcomeUnknown: a mutation's request may have reached the database but no answer came
+	// back, so it may or may not have taken effect. It is never reported as busy or refused.
+	// A publication's outcome can be settled with Store.Resolve and its operation id.
+	ErrOutcomeUnknown = errors.New("outcome unknown")
+
+	// ErrIncarnationChanged: the database was restored from a copy or promoted to a new
+	// timeline since the last epoch bump, so tokens issued in the lost history could look
+	// valid again. Acquisitions are refused until Store.BumpEpoch has run.
+	ErrIncarnationChanged = errors.New("the database was restored or promoted since the last epoch bump; bump the epoch first")
+
+	// ErrNotDurable: Config.StrictDurability is set and the backend reported a setting under
+	// which acknowledged generations could be lost.
+	ErrNotDurable = errors.New("the database is not configured for durability")
+
 	// ErrLeaseLost: Run stopped trusting its lease (the trust window ended or a renewal was
 	// refused) before publishing, so the build's output was discarded unpublished.
 	ErrLeaseLost = errors.New("lease lost")
@@ -33,7 +47,9 @@ var (
 // It matches ErrBusy.
 type BusyError struct {
 	Resource string
-	// Generation is the holder's generation as read after the refused statement (advisory).
+	// Token is the holder's token as the database saw it when it refused (advisory).
+	Token Token
+	// Generation is Token.Generation.
 	Generation int64
 	// LeaseUntil is the holder's expiry on the database's clock (advisory).
 	LeaseUntil time.Time
@@ -56,6 +72,8 @@ const (
 	CauseAlreadyPublished Cause = "already_published" // this generation has already published
 	CauseReleased         Cause = "released"          // the lease was released
 	CauseNotProvisioned   Cause = "not_provisioned"   // the resource row does not exist
+	CauseStaleSource      Cause = "stale_source"      // the source version is older than the published one
+	CauseOperationExists  Cause = "operation_exists"  // the operation id was already accepted or resolved as aborted
 	CauseUnknown          Cause = "unknown"           // the row matched on re-read (a race); cause unclear
 )
 
@@ -64,6 +82,7 @@ const (
 type RefusedError struct {
 	Op         string // "publish", "renew", "release" or "publish and release"
 	Resource   string
+	Epoch      int64 // the refused lease's epoch
 	Generation int64 // the refused lease's generation
 	Cause      Cause
 	// CurrentGeneration is the resource's generation when the cause was read (advisory).
@@ -83,6 +102,10 @@ func (e *RefusedError) Error() string {
 		return msg + " was released"
 	case CauseNotProvisioned:
 		return fmt.Sprintf("%s refused: resource %q is not provisioned", e.Op, e.Resource)
+	case CauseStaleSource:
+		return msg + " carries a source version older than the published one"
+	case CauseOperationExists:
+		return msg + ": its operation id was already accepted or resolved as not accepted"
 	default:
 		return msg + " is not current"
 	}
@@ -105,3 +128,27 @@ func (e *InvalidError) Is(target error) bool { return target == ErrInvalid }
 func invalid(arg, format string, args ...any) error {
 	return &InvalidError{Arg: arg, Reason: fmt.Sprintf(format, args...)}
 }
+
+// OutcomeUnknownError reports a mutation that may or may not have taken effect. It matches
+// ErrOutcomeUnknown and unwraps to the transport or database error.
+type OutcomeUnknownError struct {
+	Op       string
+	Resource string
+	// OpID is the publication's operation id (publications only): pass it to Store.Resolve.
+	OpID string
+	// Owner is the identity the acquisition would have installed (acquisitions only).
+	Owner string
+	Err   error
+}
+
+func (e *OutcomeUnknownError) Error() string {
+	msg := fmt.Sprintf("%s %q: outcome unknown", e.Op, e.Resource)
+	if e.OpID != "" {
+		msg += fmt.Sprintf(" (operation %s; resolve it to learn whether it was accepted)", e.OpID)
+	}
+	return fmt.Sprintf("%s: %v", msg, e.Err)
+}
+
+func (e *OutcomeUnknownError) Is(target error) bool { return target == ErrOutcomeUnknown }
+
+func (e *OutcomeUnknownError) Unwrap() error { return e.Err }

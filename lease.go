@@ -11,6 +11,7 @@ import (
 )
 
 const (
+	opAcquire           = "acquire"
 	opPublish           = "publish"
 	opPublishAndRelease = "publish and release"
 	opRenew             = "renew"
@@ -19,9 +20,39 @@ const (
 
 var errReleased = errors.New("lease released")
 
-// Lease is one acquisition of a resource: its owner identity and generation (the fencing
-// token). Every method that writes carries both to the database, which refuses it unless they
-// are still current. A Lease is safe for concurrent use by multiple goroutines.
+// Token is a lease's fencing token. Tokens of one resource are ordered: epoch first, then
+// generation. Every acquisition gets a token greater than every earlier one, also across an
+// epoch bump after a restore that lost generations.
+type Token struct {
+	Epoch      int64
+	Generation int64
+}
+
+// Compare returns -1, 0 or +1 as t is older than, equal to, or newer than u.
+func (t Token) Compare(u Token) int {
+	switch {
+	case t.Epoch != u.Epoch:
+		return cmpInt(t.Epoch, u.Epoch)
+	default:
+		return cmpInt(t.Generation, u.Generation)
+	}
+}
+
+func (t Token) String() string { return fmt.Sprintf("%d.%d", t.Epoch, t.Generation) }
+
+func cmpInt(a, b int64) int {
+	switch {
+	case a < b:
+		return -1
+	case a > b:
+		return 1
+	}
+	return 0
+}
+
+// Lease is one acquisition of a resource: its owner identity and its token. Every method that
+// writes carries both to the database, which refuses it unless they are still current. A Lease
+// is safe for concurrent use by multiple goroutines.
 //
 // Besides the database's verdict, a lease acquired by this process keeps a local trust window
 // on the monotonic clock: from the moment the acquire request was sent, ttl minus the safety
@@ -55,8 +86,15 @@ func (l *Lease) Resource() string { return l.ref.Resource }
 // Owner is the random identity of this acquisition.
 func (l *Lease) Owner() string { return l.ref.Owner }
 
-// Generation is the fencing token: every acquisition of the resource gets a larger one.
+// Generation is the acquisition's generation: every acquisition of the resource gets a larger
+// one. Within one epoch it alone orders tokens.
 func (l *Lease) Generation() int64 { return l.ref.Generation }
+
+// Epoch is the store's recovery epoch when the lease was acquired.
+func (l *Lease) Epoch() int64 { return l.ref.Epoch }
+
+// Token is the fencing token (epoch, generation) to hand to any destination that checks it.
+func (l *Lease) Token() Token { return Token{Epoch: l.ref.Epoch, Generation: l.ref.Generation} }
 
 // LeaseUntil is the expiry on the database's clock as of the last acquisition or renewal. It
 // is for display; the database alone judges it.
@@ -102,34 +140,65 @@ func (l *Lease) end(why error) {
 	close(l.done)
 }
 
+// PublishOption adjusts one publication.
+type PublishOption func(*driver.Publication)
+
+// WithOpID names the publication with an operation id of the caller's, so that an unknown
+// outcome can be resolved later with Store.Resolve. Without it a fresh id is generated and
+// reported in *OutcomeUnknownError.
+func WithOpID(id string) PublishOption { return func(p *driver.Publication) { p.OpID = id } }
+
+// WithSourceVersion states the version of the source data the payload was built from. The
+// database refuses a publication whose source version is older than the published one. This is
+// separate from ownership order: the newest owner can still have read an old replica.
+func WithSourceVersion(v int64) PublishOption {
+	return func(p *driver.Publication) { p.SourceVersion = v }
+}
+
 // Publish stores payload as the resource's published result, only if this lease is still the
-// current, unexpired acquisition and its generation has not published before. A refusal is
-// *RefusedError (ErrRefused) and nothing changed. Publish always asks the database, even after
-// Done has closed: the database's check is the fence.
-func (l *Lease) Publish(ctx context.Context, payload []byte) error {
-	return l.publish(ctx, opPublish, payload, l.store.drv.Publish)
+// current, unexpired acquisition, its generation has not published before, and the options'
+// conditions hold. A refusal is *RefusedError (ErrRefused) and nothing changed; an error after
+// which the publication may have happened is *OutcomeUnknownError. Publish always asks the
+// database, even after Done has closed: the database's check is the fence.
+func (l *Lease) Publish(ctx context.Context, payload []byte, opts ...PublishOption) error {
+	return l.publish(ctx, opPublish, payload, opts, l.store.drv.Publish)
 }
 
 // PublishAndRelease publishes and frees the lease in one statement.
-func (l *Lease) PublishAndRelease(ctx context.Context, payload []byte) error {
-	err := l.publish(ctx, opPublishAndRelease, payload, l.store.drv.PublishAndRelease)
+func (l *Lease) PublishAndRelease(ctx context.Context, payload []byte, opts ...PublishOption) error {
+	err := l.publish(ctx, opPublishAndRelease, payload, opts, l.store.drv.PublishAndRelease)
 	if err == nil {
 		l.end(errReleased)
 	}
 	return err
 }
 
-func (l *Lease) publish(ctx context.Context, op string, payload []byte,
-	do func(context.Context, driver.LeaseRef, []byte) (bool, error)) error {
+func (l *Lease) publish(ctx context.Context, op string, payload []byte, opts []PublishOption,
+	do func(context.Context, driver.LeaseRef, driver.Publication) (bool, error)) error {
+	pub := driver.Publication{Payload: payload}
+	for _, o := range opts {
+		o(&pub)
+	}
+	if pub.OpID == "" {
+		pub.OpID = newID()
+	} else if err := validOpID(pub.OpID); err != nil {
+		return err
+	}
+	if pub.SourceVersion < 0 {
+		return invalid("source version", "%d is negative", pub.SourceVersion)
+	}
 	if max := l.store.cfg.MaxPayloadBytes; len(payload) > max {
 		return invalid("payload", "it is %d bytes; the limit is %d", len(payload), max)
 	}
-	ok, err := do(ctx, l.ref, payload)
+	if err := ctx.Err(); err != nil {
+		return fmt.Errorf("%s %q: not sent: %w", op, l.ref.Resource, err)
+	}
+	ok, err := do(ctx, l.ref, pub)
 	if err != nil {
-		return fmt.Errorf("%s %q: %w", op, l.ref.Resource, err)
+		return mutationError(op, l.ref.Resource, err, func(e *OutcomeUnknownError) { e.OpID = pub.OpID })
 	}
 	if !ok {
-		return l.store.refusal(ctx, op, l.ref)
+		return l.store.refusal(ctx, op, l.ref, &pub)
 	}
 	return nil
 }
@@ -143,13 +212,16 @@ func (l *Lease) Renew(ctx context.Context, ttl time.Duration) error {
 	if err != nil {
 		return err
 	}
+	if err := ctx.Err(); err != nil {
+		return fmt.Errorf("renew %q: not sent: %w", l.ref.Resource, err)
+	}
 	sent := time.Now()
 	until, ok, err := l.store.drv.Renew(ctx, l.ref, ttl)
 	if err != nil {
-		return fmt.Errorf("renew %q: %w", l.ref.Resource, err)
+		return mutationError(opRenew, l.ref.Resource, err, nil)
 	}
 	if !ok {
-		rerr := l.store.refusal(ctx, opRenew, l.ref)
+		rerr := l.store.refusal(ctx, opRenew, l.ref, nil)
 		l.end(fmt.Errorf("%w: %w", ErrLeaseLost, rerr))
 		return rerr
 	}
@@ -163,16 +235,31 @@ func (l *Lease) Renew(ctx context.Context, ttl time.Duration) error {
 	return nil
 }
 
-// Release frees the lease if owner and generation still match; otherwise it changes nothing
-// and returns *RefusedError. Done closes either way.
+// Release frees the lease if owner and token still match; otherwise it changes nothing and
+// returns *RefusedError. Done closes either way.
 func (l *Lease) Release(ctx context.Context) error {
+	if err := ctx.Err(); err != nil {
+		return fmt.Errorf("release %q: not sent: %w", l.ref.Resource, err)
+	}
 	ok, err := l.store.drv.Release(ctx, l.ref)
 	if err != nil {
-		return fmt.Errorf("release %q: %w", l.ref.Resource, err)
+		return mutationError(opRelease, l.ref.Resource, err, nil)
 	}
 	l.end(errReleased)
 	if !ok {
-		return l.store.refusal(ctx, opRelease, l.ref)
+		return l.store.refusal(ctx, opRelease, l.ref, nil)
 	}
 	return nil
+}
+
+// mutationError classifies a driver error from a mutation: certainly not applied, or unknown.
+func mutationError(op, resource string, err error, fill func(*OutcomeUnknownError)) error {
+	if errors.Is(err, driver.ErrNotApplied) {
+		return fmt.Errorf("%s %q: not applied: %w", op, resource, err)
+	}
+	e := &OutcomeUnknownError{Op: op, Resource: resource, Err: err}
+	if fill != nil {
+		fill(e)
+	}
+	return e
 }

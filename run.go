@@ -29,7 +29,8 @@ type RunOptions struct {
 type Result struct {
 	Resource   string
 	Owner      string
-	Generation int64
+	Token      Token
+	Generation int64 // Token.Generation
 	Size       int
 }
 
@@ -110,7 +111,7 @@ func Run(ctx context.Context, s *Store, resource string, opts *RunOptions, build
 		s.release(ctx, lease)
 		return Result{}, err
 	}
-	return Result{Resource: resource, Owner: lease.Owner(), Generation: lease.Generation(), Size: len(payload)}, nil
+	return Result{Resource: resource, Owner: lease.Owner(), Token: lease.Token(), Generation: lease.Generation(), Size: len(payload)}, nil
 }
 
 // renewLoop renews every interval until ctx ends. A refusal ends the lease (and so the build's

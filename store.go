@@ -51,6 +51,11 @@ type Config struct {
 
 	// SkipMigrate stops New from creating or upgrading the schema.
 	SkipMigrate bool
+
+	// StrictDurability makes New fail, instead of logging a warning, when the backend reports a
+	// setting under which acknowledged generations could be lost (fsync off, asynchronous
+	// commit, an unlogged table, SQLite synchronous below FULL, ...).
+	StrictDurability bool
 }
 
 func (c *Config) withDefaults() (Config, error) {
@@ -103,7 +108,106 @@ func New(ctx context.Context, drv driver.Driver, cfg *Config) (*Store, error) {
 			return nil, err
 		}
 	}
+	warnings, err := s.CheckDurability(ctx)
+	if err != nil {
+		return nil, err
+	}
+	for _, w := range warnings {
+		if c.StrictDurability {
+			return nil, fmt.Errorf("%w: %s", ErrNotDurable, w)
+		}
+		c.Logger.Warn("fenced: acknowledged generations may not survive a crash", "setting", w)
+	}
 	return s, nil
+}
+
+// CheckDurability returns one sentence for each engine setting under which acknowledged
+// generations could be lost; none when the backend cannot tell.
+func (s *Store) CheckDurability(ctx context.Context) ([]string, error) {
+	dc, ok := s.drv.(driver.DurabilityChecker)
+	if !ok {
+		return nil, nil
+	}
+	w, err := dc.CheckDurability(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("check durability: %w", err)
+	}
+	return w, nil
+}
+
+// Grant installs the protocol's database routines and grants role the right to execute them
+// and nothing else on fenced's tables, so that code connected as role cannot write the tables
+// without the fence. A store connected as role works unchanged. Backends without routines and
+// roles (SQLite, etcd, Redis) return an error matching errors.ErrUnsupported.
+func (s *Store) Grant(ctx context.Context, role string) error {
+	g, ok := s.drv.(driver.Granter)
+	if !ok {
+		return fmt.Errorf("grant %q: this backend has no roles to grant: %w", role, errors.ErrUnsupported)
+	}
+	if err := validRole(role); err != nil {
+		return err
+	}
+	if err := g.Grant(ctx, role); err != nil {
+		return fmt.Errorf("grant %q: %w", role, err)
+	}
+	return nil
+}
+
+// BumpEpoch durably advances the store's recovery epoch and frees every lease. Run it after
+// restoring the database from a copy or failing over to a replica that may have lost
+// acknowledged commits: every lease issued before it is refused, and every later token
+// compares greater than every earlier one. It returns the new epoch.
+func (s *Store) BumpEpoch(ctx context.Context) (int64, error) {
+	e, err := s.drv.BumpEpoch(ctx)
+	if err != nil {
+		return 0, mutationError("bump epoch", "", err, nil)
+	}
+	return e, nil
+}
+
+// Resolution is the final answer for an operation id.
+type Resolution struct {
+	OpID string
+	// Accepted reports whether the publication took effect. When it did not, the id is now
+	// recorded as aborted and a late delivery of that publication will be refused.
+	Accepted bool
+	// Resource and Token are those of the accepted publication.
+	Resource   string
+	Token      Token
+	RecordedAt time.Time
+}
+
+// Resolve settles the outcome of a publication by its operation id, typically after
+// *OutcomeUnknownError. The answer is final: an id with no recorded outcome is recorded as
+// aborted in the same step, so the publication can no longer be accepted.
+func (s *Store) Resolve(ctx context.Context, opID string) (Resolution, error) {
+	if err := validOpID(opID); err != nil {
+		return Resolution{}, err
+	}
+	op, err := s.drv.ResolveOperation(ctx, opID)
+	if err != nil {
+		return Resolution{}, mutationError("resolve", opID, err, nil)
+	}
+	r := Resolution{OpID: opID, Accepted: op.Outcome == driver.OutcomeAccepted, RecordedAt: op.RecordedAt}
+	if r.Accepted {
+		r.Resource, r.Token = op.Resource, Token{Epoch: op.Epoch, Generation: op.Generation}
+	}
+	return r, nil
+}
+
+// PruneOperations deletes operation records older than age (on the database's clock) and
+// returns how many. Once an aborted id is pruned, a publication carrying it that arrives later
+// still needs a current lease to be accepted, but Resolve can no longer vouch for it: keep
+// records longer than any request can stay in flight.
+func (s *Store) PruneOperations(ctx context.Context, age time.Duration) (int64, error) {
+	if age <= 0 {
+		return 0, invalid("age", "%s is not positive", age)
+	}
+	n, err := s.drv.PruneOperations(ctx, age)
+	if err != nil {
+		return 0, fmt.Errorf("prune operations: %w", err)
+	}
+	return n, nil
 }
 
 // MaxPayloadBytes is the largest payload Publish accepts: the configured limit, or the
@@ -152,19 +256,25 @@ func (s *Store) Acquire(ctx context.Context, resource string, ttl time.Duration)
 	if err != nil {
 		return nil, err
 	}
-	owner := newOwner()
+	owner := newID()
+	if err := ctx.Err(); err != nil {
+		return nil, fmt.Errorf("acquire %q: not sent: %w", resource, err)
+	}
 	sent := time.Now()
 	grant, err := s.drv.Acquire(ctx, resource, owner, ttl)
 	var busy *driver.BusyError
 	switch {
 	case errors.As(err, &busy):
-		return nil, &BusyError{Resource: resource, Generation: busy.Generation, LeaseUntil: busy.LeaseUntil}
+		return nil, &BusyError{Resource: resource, Token: Token{Epoch: busy.Epoch, Generation: busy.Generation},
+			Generation: busy.Generation, LeaseUntil: busy.LeaseUntil}
 	case errors.Is(err, driver.ErrNotFound):
 		return nil, fmt.Errorf("acquire %q: %w", resource, ErrNotProvisioned)
+	case errors.Is(err, driver.ErrIncarnationChanged):
+		return nil, fmt.Errorf("acquire %q: %w", resource, ErrIncarnationChanged)
 	case err != nil:
-		return nil, fmt.Errorf("acquire %q: %w", resource, err)
+		return nil, mutationError(opAcquire, resource, err, func(e *OutcomeUnknownError) { e.Owner = owner })
 	}
-	return newLease(s, driver.LeaseRef{Resource: resource, Owner: owner, Generation: grant.Generation},
+	return newLease(s, driver.LeaseRef{Resource: resource, Owner: owner, Epoch: grant.Epoch, Generation: grant.Generation},
 		grant.LeaseUntil, sent.Add(ttl-margin)), nil
 }
 
@@ -172,17 +282,20 @@ func (s *Store) Acquire(ctx context.Context, resource string, ttl time.Duration)
 // that passed on its owner and generation. The store knows nothing of when it was acquired, so
 // the handle has no trust window: its Done channel closes only when this handle learns that the
 // lease is gone. Every operation through it is still checked by the database.
-func (s *Store) LeaseFor(resource, owner string, generation int64) (*Lease, error) {
+func (s *Store) LeaseFor(resource, owner string, token Token) (*Lease, error) {
 	if err := validResource(resource); err != nil {
 		return nil, err
 	}
-	if err := validOwner(owner); err != nil {
+	if err := ValidateOwner(owner); err != nil {
 		return nil, err
 	}
-	if generation < 1 {
-		return nil, invalid("generation", "%d is not a positive integer", generation)
+	if token.Generation < 1 {
+		return nil, invalid("generation", "%d is not a positive integer", token.Generation)
 	}
-	return newLease(s, driver.LeaseRef{Resource: resource, Owner: owner, Generation: generation},
+	if token.Epoch < 1 {
+		return nil, invalid("epoch", "%d is not a positive integer", token.Epoch)
+	}
+	return newLease(s, driver.LeaseRef{Resource: resource, Owner: owner, Epoch: token.Epoch, Generation: token.Generation},
 		time.Time{}, time.Time{}), nil
 }
 
@@ -236,8 +349,8 @@ func (s *Store) margin(ttl time.Duration) (time.Duration, error) {
 
 // refusal builds the error for a refused lease operation from a read of the row taken after
 // the refusal. The cause is advisory: the row may have changed again since.
-func (s *Store) refusal(ctx context.Context, op string, ref driver.LeaseRef) error {
-	e := &RefusedError{Op: op, Resource: ref.Resource, Generation: ref.Generation, Cause: CauseUnknown}
+func (s *Store) refusal(ctx context.Context, op string, ref driver.LeaseRef, pub *driver.Publication) error {
+	e := &RefusedError{Op: op, Resource: ref.Resource, Epoch: ref.Epoch, Generation: ref.Generation, Cause: CauseUnknown}
 	st, err := s.drv.Read(ctx, ref.Resource)
 	switch {
 	case errors.Is(err, driver.ErrNotFound):
@@ -246,19 +359,29 @@ func (s *Store) refusal(ctx context.Context, op string, ref driver.LeaseRef) err
 		// The refusal is certain; only its cause could not be read.
 	default:
 		e.CurrentGeneration = st.Generation
-		e.Cause = classify(st, ref, op == opPublish || op == opPublishAndRelease)
+		e.Cause = classify(st, ref, pub)
+		if e.Cause != CauseSuperseded && pub != nil {
+			if o, err := s.drv.ReadOperation(ctx, pub.OpID); err == nil && o.Outcome != "" {
+				e.Cause = CauseOperationExists
+			}
+		}
 	}
 	return e
 }
 
-func classify(st State, ref driver.LeaseRef, publishing bool) Cause {
+// classify names the likeliest cause of a refusal from the row read after it. pub is nil
+// unless the refused operation was a publication.
+func classify(st State, ref driver.LeaseRef, pub *driver.Publication) Cause {
+	row, mine := Token{st.Epoch, st.Generation}, Token{ref.Epoch, ref.Generation}
 	switch {
-	case st.Generation > ref.Generation:
+	case row.Compare(mine) > 0 || st.CurrentEpoch > ref.Epoch:
 		return CauseSuperseded
-	case st.Generation < ref.Generation:
-		return CauseUnknown // a generation this row never issued
-	case publishing && st.PublishedGeneration >= ref.Generation:
+	case row.Compare(mine) < 0:
+		return CauseUnknown // a token this row never issued
+	case pub != nil && st.PublishedGeneration >= ref.Generation:
 		return CauseAlreadyPublished
+	case pub != nil && pub.SourceVersion > 0 && st.SourceVersion > pub.SourceVersion:
+		return CauseStaleSource
 	case st.Owner == "":
 		return CauseReleased
 	case st.Owner != ref.Owner:
@@ -270,8 +393,8 @@ func classify(st State, ref driver.LeaseRef, publishing bool) Cause {
 	}
 }
 
-// newOwner returns a fresh random identity for one acquisition (128 bits).
-func newOwner() string { return rand.Text() }
+// newID returns a fresh random identity for one acquisition or operation (128 bits).
+func newID() string { return rand.Text() }
 
 func validResource(r string) error {
 	switch {
@@ -290,16 +413,37 @@ func validResource(r string) error {
 	return nil
 }
 
-func validOwner(o string) error {
+// ValidateOwner checks an owner identity given from outside (a command line, another process)
+// before anything is sent. It returns *InvalidError.
+func ValidateOwner(o string) error { return validToken("owner", o) }
+
+func validOpID(id string) error { return validToken("operation id", id) }
+
+// validToken checks an identifier: 1 to 128 bytes of printable ASCII without spaces.
+func validToken(what, v string) error {
 	switch {
-	case o == "":
-		return invalid("owner", "it is empty")
-	case len(o) > MaxOwnerLen:
-		return invalid("owner", "it is %d bytes long; the limit is %d", len(o), MaxOwnerLen)
+	case v == "":
+		return invalid(what, "it is empty")
+	case len(v) > MaxOwnerLen:
+		return invalid(what, "it is %d bytes long; the limit is %d", len(v), MaxOwnerLen)
 	}
-	for _, c := range o {
+	for _, c := range v {
 		if c <= ' ' || c > '~' {
-			return invalid("owner", "it contains %q; owners are printable ASCII without spaces", c)
+			return invalid(what, "it contains %q; use printable ASCII without spaces", c)
+		}
+	}
+	return nil
+}
+
+// validRole checks a database role name: letters, digits and underscores, not starting with a
+// digit, at most 63 bytes, so that it can be quoted safely in every engine.
+func validRole(r string) error {
+	if r == "" || len(r) > 63 {
+		return invalid("role", "%q must be 1 to 63 characters long", r)
+	}
+	for i, c := range r {
+		if !(c == '_' || c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || i > 0 && c >= '0' && c <= '9') {
+			return invalid("role", "%q may hold only letters, digits and underscores, and not start with a digit", r)
 		}
 	}
 	return nil

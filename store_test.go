@@ -23,11 +23,11 @@ func TestValidResource(t *testing.T) {
 }
 
 func TestValidOwner(t *testing.T) {
-	if err := validOwner(newOwner()); err != nil {
+	if err := ValidateOwner(newID()); err != nil {
 		t.Fatalf("a generated owner is invalid: %v", err)
 	}
 	for _, bad := range []string{"", "a b", "é", strings.Repeat("o", MaxOwnerLen+1)} {
-		if err := validOwner(bad); !errors.Is(err, ErrInvalid) {
+		if err := ValidateOwner(bad); !errors.Is(err, ErrInvalid) {
 			t.Errorf("%q: %v, want ErrInvalid", bad, err)
 		}
 	}
@@ -36,7 +36,7 @@ func TestValidOwner(t *testing.T) {
 func TestNewOwnerIsFresh(t *testing.T) {
 	seen := map[string]bool{}
 	for range 1000 {
-		o := newOwner()
+		o := newID()
 		if seen[o] {
 			t.Fatalf("owner %s generated twice", o)
 		}
@@ -74,26 +74,31 @@ func TestConfigValidation(t *testing.T) {
 
 func TestClassify(t *testing.T) {
 	now := time.Unix(1000, 0)
-	ref := driver.LeaseRef{Resource: "r", Owner: "A", Generation: 5}
-	held := State{Generation: 5, Owner: "A", LeaseUntil: now.Add(time.Second), Now: now}
+	ref := driver.LeaseRef{Resource: "r", Owner: "A", Epoch: 1, Generation: 5}
+	pub := &driver.Publication{OpID: "op", SourceVersion: 7}
+	held := State{Epoch: 1, Generation: 5, Owner: "A", LeaseUntil: now.Add(time.Second), Now: now}
 	cases := []struct {
-		name       string
-		st         State
-		publishing bool
-		want       Cause
+		name string
+		st   State
+		pub  *driver.Publication
+		want Cause
 	}{
-		{"newer generation", State{Generation: 6, Owner: "B", LeaseUntil: now.Add(time.Second), Now: now}, true, CauseSuperseded},
-		{"newer generation, not publishing", State{Generation: 7, Now: now}, false, CauseSuperseded},
-		{"already published", State{Generation: 5, Owner: "A", PublishedGeneration: 5, LeaseUntil: now.Add(time.Second), Now: now}, true, CauseAlreadyPublished},
-		{"published then released", State{Generation: 5, PublishedGeneration: 5, Now: now}, true, CauseAlreadyPublished},
-		{"released", State{Generation: 5, Now: now}, false, CauseReleased},
-		{"expired", State{Generation: 5, Owner: "A", LeaseUntil: now, Now: now}, true, CauseExpired},
-		{"other owner", State{Generation: 5, Owner: "X", LeaseUntil: now.Add(time.Second), Now: now}, true, CauseUnknown},
-		{"future generation", State{Generation: 4, Now: now}, true, CauseUnknown},
-		{"row matches after all", held, true, CauseUnknown},
+		{"newer generation", State{Epoch: 1, Generation: 6, Owner: "B", LeaseUntil: now.Add(time.Second), Now: now}, pub, CauseSuperseded},
+		{"newer generation, not publishing", State{Epoch: 1, Generation: 7, Now: now}, nil, CauseSuperseded},
+		{"already published", State{Epoch: 1, Generation: 5, Owner: "A", PublishedGeneration: 5, LeaseUntil: now.Add(time.Second), Now: now}, pub, CauseAlreadyPublished},
+		{"published then released", State{Epoch: 1, Generation: 5, PublishedGeneration: 5, Now: now}, pub, CauseAlreadyPublished},
+		{"released", State{Epoch: 1, Generation: 5, Now: now}, nil, CauseReleased},
+		{"expired", State{Epoch: 1, Generation: 5, Owner: "A", LeaseUntil: now, Now: now}, pub, CauseExpired},
+		{"other owner", State{Epoch: 1, Generation: 5, Owner: "X", LeaseUntil: now.Add(time.Second), Now: now}, pub, CauseUnknown},
+		{"future generation", State{Epoch: 1, Generation: 4, Now: now}, pub, CauseUnknown},
+		{"newer epoch, lower generation", State{Epoch: 2, Generation: 3, Now: now}, pub, CauseSuperseded},
+		{"epoch bumped, not yet acquired", State{Epoch: 1, Generation: 5, CurrentEpoch: 2, Now: now}, nil, CauseSuperseded},
+		{"older source", State{Epoch: 1, Generation: 5, Owner: "A", SourceVersion: 9, LeaseUntil: now.Add(time.Second), Now: now}, pub, CauseStaleSource},
+		{"same source", State{Epoch: 1, Generation: 5, Owner: "A", SourceVersion: 7, LeaseUntil: now.Add(time.Second), Now: now}, pub, CauseUnknown},
+		{"row matches after all", held, pub, CauseUnknown},
 	}
 	for _, c := range cases {
-		if got := classify(c.st, ref, c.publishing); got != c.want {
+		if got := classify(c.st, ref, c.pub); got != c.want {
 			t.Errorf("%s: %s, want %s", c.name, got, c.want)
 		}
 	}
@@ -117,6 +122,29 @@ func TestErrorsMatchTheirSentinels(t *testing.T) {
 	}
 	if !errors.Is(invalid("ttl", "bad"), ErrInvalid) {
 		t.Fatal("InvalidError does not match ErrInvalid")
+	}
+}
+
+func TestTokenOrder(t *testing.T) {
+	a, b, c := Token{1, 9}, Token{1, 10}, Token{2, 3}
+	if a.Compare(b) >= 0 || b.Compare(c) >= 0 || a.Compare(c) >= 0 || c.Compare(a) <= 0 || b.Compare(b) != 0 {
+		t.Fatal("tokens must order by epoch, then generation")
+	}
+	if c.String() != "2.3" {
+		t.Fatalf("String = %s", c)
+	}
+}
+
+func TestValidRole(t *testing.T) {
+	for _, ok := range []string{"fenced_app", "A1", "_x"} {
+		if err := validRole(ok); err != nil {
+			t.Errorf("%q: %v", ok, err)
+		}
+	}
+	for _, bad := range []string{"", "1abc", "a-b", "a b", `x"; DROP TABLE t; --`, strings.Repeat("r", 64)} {
+		if err := validRole(bad); !errors.Is(err, ErrInvalid) {
+			t.Errorf("%q: %v, want ErrInvalid", bad, err)
+		}
 	}
 }
 

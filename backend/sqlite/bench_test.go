@@ -34,32 +34,54 @@ func BenchmarkProtocol(b *testing.B) {
 // raw is the baseline: each statement executed directly, as hand-written code would.
 type raw struct{ db *sql.DB }
 
-func (r raw) Acquire(ctx context.Context, resource, owner string, ttl time.Duration) (int64, bool, error) {
-	var gen, until int64
-	err := r.db.QueryRowContext(ctx, sqlAcquire, resource, owner, ttl.Microseconds()).Scan(&gen, &until)
+func (r raw) Acquire(ctx context.Context, resource, owner string, ttl time.Duration) (driver.Grant, bool, error) {
+	var g driver.Grant
+	var until int64
+	err := r.db.QueryRowContext(ctx, sqlAcquire, resource, owner, ttl.Microseconds()).Scan(&g.Epoch, &g.Generation, &until)
 	if errors.Is(err, sql.ErrNoRows) {
-		return 0, false, nil
+		return g, false, nil
 	}
-	return gen, err == nil, err
+	return g, err == nil, err
 }
 
-func (r raw) exec(ctx context.Context, query string, args ...any) (bool, error) {
-	res, err := r.db.ExecContext(ctx, query, args...)
+// publish is the publication's transaction written out by hand.
+func (r raw) publish(ctx context.Context, query string, l driver.LeaseRef, p driver.Publication) (bool, error) {
+	args := []any{l.Resource, l.Owner, l.Generation, l.Epoch, p.Payload, p.SourceVersion, p.OpID}
+	conn, err := r.db.Conn(ctx)
+	if err != nil {
+		return false, err
+	}
+	defer conn.Close()
+	if _, err := conn.ExecContext(ctx, "BEGIN IMMEDIATE"); err != nil {
+		return false, err
+	}
+	res, err := conn.ExecContext(ctx, query, args...)
+	if err == nil {
+		if n, _ := res.RowsAffected(); n == 1 {
+			_, err = conn.ExecContext(ctx, sqlRecordAccepted, args...)
+		}
+	}
+	if err != nil {
+		_, _ = conn.ExecContext(ctx, "ROLLBACK")
+		return false, err
+	}
+	_, err = conn.ExecContext(ctx, "COMMIT")
+	return err == nil, err
+}
+
+func (r raw) Publish(ctx context.Context, l driver.LeaseRef, p driver.Publication) (bool, error) {
+	return r.publish(ctx, sqlPublish, l, p)
+}
+
+func (r raw) PublishAndRelease(ctx context.Context, l driver.LeaseRef, p driver.Publication) (bool, error) {
+	return r.publish(ctx, sqlPublishAndRelease, l, p)
+}
+
+func (r raw) Release(ctx context.Context, l driver.LeaseRef) (bool, error) {
+	res, err := r.db.ExecContext(ctx, sqlRelease, l.Resource, l.Owner, l.Generation, l.Epoch)
 	if err != nil {
 		return false, err
 	}
 	n, err := res.RowsAffected()
 	return n == 1, err
-}
-
-func (r raw) Publish(ctx context.Context, resource, owner string, gen int64, p []byte) (bool, error) {
-	return r.exec(ctx, sqlPublish, resource, owner, gen, p)
-}
-
-func (r raw) PublishAndRelease(ctx context.Context, resource, owner string, gen int64, p []byte) (bool, error) {
-	return r.exec(ctx, sqlPublishAndRelease, resource, owner, gen, p)
-}
-
-func (r raw) Release(ctx context.Context, resource, owner string, gen int64) (bool, error) {
-	return r.exec(ctx, sqlRelease, resource, owner, gen)
 }

@@ -16,9 +16,9 @@ import (
 // brokenPublish is how a mutated driver publishes.
 var brokenPublish = map[string]string{
 	// A naive lease: lock, then an unconditional write.
-	"unconditional": `UPDATE fenced_resources SET payload = ?4, published_generation = ?3 WHERE resource = ?1`,
+	"unconditional": `UPDATE fenced_resources SET payload = ?5, published_generation = ?3 WHERE resource = ?1`,
 	// The high-water mark alone: refuses old generations only after a newer one has published.
-	"high-water-mark": `UPDATE fenced_resources SET payload = ?4, published_generation = ?3
+	"high-water-mark": `UPDATE fenced_resources SET payload = ?5, published_generation = ?3
 		WHERE resource = ?1 AND published_generation < ?3`,
 }
 
@@ -27,8 +27,8 @@ type mutant struct {
 	publish string
 }
 
-func (m mutant) Publish(ctx context.Context, l driver.LeaseRef, payload []byte) (bool, error) {
-	return execOne(ctx, m.db, m.publish, l.Resource, l.Owner, l.Generation, payload)
+func (m mutant) Publish(ctx context.Context, l driver.LeaseRef, p driver.Publication) (bool, error) {
+	return execOne(ctx, m.db, m.publish, l.Resource, l.Owner, l.Generation, l.Epoch, p.Payload)
 }
 
 // mutate wraps d when the test binary runs as the child of TestSuiteCatchesBrokenPublish.

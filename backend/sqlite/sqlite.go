@@ -27,6 +27,7 @@ import (
 	"github.com/fenced-dev/fenced/driver"
 
 	"modernc.org/sqlite" // registers the "sqlite" database/sql driver
+	sqlite3 "modernc.org/sqlite/lib"
 )
 
 //go:embed migrations/*.sql
@@ -201,16 +202,18 @@ func (d *Driver) Migrate(ctx context.Context) error {
 	return nil
 }
 
+var _ driver.DurabilityChecker = (*Driver)(nil)
+
 func (d *Driver) Provision(ctx context.Context, resource string) error {
 	_, err := d.db.ExecContext(ctx, d.q(sqlProvision), resource)
 	return err
 }
 
 func (d *Driver) Acquire(ctx context.Context, resource, owner string, ttl time.Duration) (driver.Grant, error) {
-	var gen, until int64
-	ok, err := queryOne(ctx, d.db, d.q(sqlAcquire), []any{resource, owner, ttl.Microseconds()}, &gen, &until)
+	var epoch, gen, until int64
+	ok, err := queryOne(ctx, d.db, d.q(sqlAcquire), []any{resource, owner, ttl.Microseconds()}, &epoch, &gen, &until)
 	if err != nil {
-		return driver.Grant{}, err
+		return driver.Grant{}, classify(err)
 	}
 	if !ok {
 		// Refused; reading the row only explains why. It is embedded, so this costs microseconds.
@@ -218,30 +221,57 @@ func (d *Driver) Acquire(ctx context.Context, resource, owner string, ttl time.D
 		if err != nil {
 			return driver.Grant{}, err
 		}
-		return driver.Grant{}, &driver.BusyError{Generation: st.Generation, LeaseUntil: st.LeaseUntil}
+		return driver.Grant{}, &driver.BusyError{Epoch: st.Epoch, Generation: st.Generation, LeaseUntil: st.LeaseUntil}
 	}
-	return driver.Grant{Generation: gen, LeaseUntil: fromMicros(until)}, nil
+	return driver.Grant{Epoch: epoch, Generation: gen, LeaseUntil: fromMicros(until)}, nil
 }
 
 func (d *Driver) Renew(ctx context.Context, l driver.LeaseRef, ttl time.Duration) (time.Time, bool, error) {
 	var until int64
-	ok, err := queryOne(ctx, d.db, d.q(sqlRenew), []any{l.Resource, l.Owner, l.Generation, ttl.Microseconds()}, &until)
+	ok, err := queryOne(ctx, d.db, d.q(sqlRenew), []any{l.Resource, l.Owner, l.Generation, l.Epoch, ttl.Microseconds()}, &until)
 	if !ok || err != nil {
-		return time.Time{}, false, err
+		return time.Time{}, false, classify(err)
 	}
 	return fromMicros(until), true, nil
 }
 
-func (d *Driver) Publish(ctx context.Context, l driver.LeaseRef, payload []byte) (bool, error) {
-	return execOne(ctx, d.db, d.q(sqlPublish), l.Resource, l.Owner, l.Generation, nonNil(payload))
+func (d *Driver) Publish(ctx context.Context, l driver.LeaseRef, pub driver.Publication) (bool, error) {
+	return d.publish(ctx, sqlPublish, l, pub)
 }
 
-func (d *Driver) PublishAndRelease(ctx context.Context, l driver.LeaseRef, payload []byte) (bool, error) {
-	return execOne(ctx, d.db, d.q(sqlPublishAndRelease), l.Resource, l.Owner, l.Generation, nonNil(payload))
+func (d *Driver) PublishAndRelease(ctx context.Context, l driver.LeaseRef, pub driver.Publication) (bool, error) {
+	return d.publish(ctx, sqlPublishAndRelease, l, pub)
+}
+
+// publish runs the conditional UPDATE and records the operation id as accepted, in one
+// IMMEDIATE transaction: both happen or neither does.
+func (d *Driver) publish(ctx context.Context, query string, l driver.LeaseRef, pub driver.Publication) (bool, error) {
+	args := []any{l.Resource, l.Owner, l.Generation, l.Epoch, nonNil(pub.Payload), pub.SourceVersion, pub.OpID}
+	var ok bool
+	err := d.immediate(ctx, func(conn *sql.Conn) error {
+		res, err := conn.ExecContext(ctx, d.q(query), args...)
+		if err != nil {
+			return err
+		}
+		n, err := res.RowsAffected()
+		if err != nil || n != 1 {
+			return err
+		}
+		if _, err := conn.ExecContext(ctx, d.q(sqlRecordAccepted), args...); err != nil {
+			return err
+		}
+		ok = true
+		return nil
+	})
+	if err != nil {
+		return false, err
+	}
+	return ok, nil
 }
 
 func (d *Driver) Release(ctx context.Context, l driver.LeaseRef) (bool, error) {
-	return execOne(ctx, d.db, d.q(sqlRelease), l.Resource, l.Owner, l.Generation)
+	ok, err := execOne(ctx, d.db, d.q(sqlRelease), l.Resource, l.Owner, l.Generation, l.Epoch)
+	return ok, classify(err)
 }
 
 func (d *Driver) Read(ctx context.Context, resource string) (driver.State, error) {
@@ -251,8 +281,9 @@ func (d *Driver) Read(ctx context.Context, resource string) (driver.State, error
 		until, publishedAt sql.NullInt64
 		now                int64
 	)
-	err := d.db.QueryRowContext(ctx, d.q(sqlRead), resource).Scan(&st.Generation, &owner, &until,
-		&st.PublishedGeneration, &publishedAt, &st.PayloadSize, &now)
+	err := d.db.QueryRowContext(ctx, d.q(sqlRead), resource).Scan(&st.Epoch, &st.Generation, &owner, &until,
+		&st.PublishedEpoch, &st.PublishedGeneration, &publishedAt, &st.SourceVersion, &st.PayloadSize,
+		&st.CurrentEpoch, &now)
 	if errors.Is(err, sql.ErrNoRows) {
 		return driver.State{}, driver.ErrNotFound
 	}
@@ -283,6 +314,119 @@ func (d *Driver) ReadPayload(ctx context.Context, resource string) ([]byte, int6
 		return nil, 0, err
 	}
 	return payload, gen, nil
+}
+
+func (d *Driver) ResolveOperation(ctx context.Context, opID string) (driver.Operation, error) {
+	return d.operation(ctx, sqlResolve, opID)
+}
+
+func (d *Driver) ReadOperation(ctx context.Context, opID string) (driver.Operation, error) {
+	return d.operation(ctx, sqlReadOperation, opID)
+}
+
+func (d *Driver) operation(ctx context.Context, query, opID string) (driver.Operation, error) {
+	var (
+		op                 = driver.Operation{OpID: opID}
+		resource           sql.NullString
+		epoch, gen, atUsec sql.NullInt64
+	)
+	ok, err := queryOne(ctx, d.db, d.q(query), []any{opID}, &op.Outcome, &resource, &epoch, &gen, &atUsec)
+	if err != nil || !ok {
+		return driver.Operation{OpID: opID}, classify(err)
+	}
+	op.Resource, op.Epoch, op.Generation = resource.String, epoch.Int64, gen.Int64
+	op.RecordedAt = fromMicros(atUsec.Int64)
+	return op, nil
+}
+
+// BumpEpoch advances the epoch and frees every lease in one IMMEDIATE transaction.
+func (d *Driver) BumpEpoch(ctx context.Context) (int64, error) {
+	var epoch int64
+	err := d.immediate(ctx, func(conn *sql.Conn) error {
+		if err := conn.QueryRowContext(ctx, d.q(sqlBumpEpoch)).Scan(&epoch); err != nil {
+			return err
+		}
+		_, err := conn.ExecContext(ctx, d.q(sqlFreeAll))
+		return err
+	})
+	return epoch, err
+}
+
+func (d *Driver) PruneOperations(ctx context.Context, age time.Duration) (int64, error) {
+	res, err := d.db.ExecContext(ctx, d.q(sqlPrune), age.Microseconds())
+	if err != nil {
+		return 0, err
+	}
+	return res.RowsAffected()
+}
+
+// CheckDurability reports settings of the connection that can lose acknowledged commits.
+func (d *Driver) CheckDurability(ctx context.Context) ([]string, error) {
+	conn, err := d.db.Conn(ctx)
+	if err != nil {
+		return nil, err
+	}
+	defer conn.Close()
+	var (
+		sync    int
+		journal string
+		out     []string
+	)
+	if err := conn.QueryRowContext(ctx, "PRAGMA synchronous").Scan(&sync); err != nil {
+		return nil, err
+	}
+	if err := conn.QueryRowContext(ctx, "PRAGMA journal_mode").Scan(&journal); err != nil {
+		return nil, err
+	}
+	if sync < 2 {
+		out = append(out, fmt.Sprintf("SQLite synchronous is %d, below FULL (2): a power loss can undo acknowledged commits", sync))
+	}
+	if j := strings.ToLower(journal); j == "off" || j == "memory" {
+		out = append(out, fmt.Sprintf("SQLite journal_mode is %s: a crash can corrupt or undo commits", j))
+	}
+	return out, nil
+}
+
+// immediate runs fn inside BEGIN IMMEDIATE ... COMMIT on one connection, so that the write lock
+// is taken up front (and the busy timeout applies) whatever the handle's _txlock setting. An
+// error before COMMIT rolls back and is reported as not applied.
+func (d *Driver) immediate(ctx context.Context, fn func(*sql.Conn) error) error {
+	conn, err := d.db.Conn(ctx)
+	if err != nil {
+		return driver.NotApplied(err)
+	}
+	defer conn.Close()
+	if _, err := conn.ExecContext(ctx, "BEGIN IMMEDIATE"); err != nil {
+		return driver.NotApplied(err)
+	}
+	if err := fn(conn); err != nil {
+		if _, rerr := conn.ExecContext(context.WithoutCancel(ctx), "ROLLBACK"); rerr != nil {
+			return fmt.Errorf("%w (rollback: %v)", err, rerr)
+		}
+		return driver.NotApplied(err)
+	}
+	if _, err := conn.ExecContext(ctx, "COMMIT"); err != nil {
+		return classify(err)
+	}
+	return nil
+}
+
+// classify marks an error after which the statement certainly did not take effect. In an
+// embedded engine a failed statement has rolled back, except when writing or syncing the
+// commit itself failed (an I/O error, a full disk, corruption): then the outcome is unknown.
+func classify(err error) error {
+	if err == nil {
+		return nil
+	}
+	var se *sqlite.Error
+	if errors.As(err, &se) {
+		switch se.Code() & 0xff {
+		case sqlite3.SQLITE_IOERR, sqlite3.SQLITE_FULL, sqlite3.SQLITE_CORRUPT, sqlite3.SQLITE_NOTADB:
+			return err
+		}
+		return driver.NotApplied(err)
+	}
+	return err
 }
 
 // queryOne runs a statement with RETURNING, reads its result to the end and checks every error

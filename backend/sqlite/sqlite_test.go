@@ -26,7 +26,8 @@ func newTarget(t *testing.T) drivertest.Target {
 	}
 	admin := open(t)
 	return drivertest.Target{
-		Open: func(t *testing.T) driver.Driver { return mutate(open(t)) },
+		Open:      func(t *testing.T) driver.Driver { return mutate(open(t)) },
+		LostReply: func(t *testing.T) (driver.Driver, func()) { return drivertest.LoseReplies(open(t)) },
 		Expire: func(ctx context.Context, resource string) error {
 			_, err := admin.DB().ExecContext(ctx, `UPDATE fenced_resources
 				SET lease_until = CAST(unixepoch('subsec') * 1000000 AS INTEGER) - 1000000

@@ -19,10 +19,12 @@ import (
 // method is the single conditional statement and nothing else.
 type Raw interface {
 	// Acquire runs the conditional acquisition; ok is false when the lease was not free.
-	Acquire(ctx context.Context, resource, owner string, ttl time.Duration) (gen int64, ok bool, err error)
-	Publish(ctx context.Context, resource, owner string, gen int64, payload []byte) (bool, error)
-	PublishAndRelease(ctx context.Context, resource, owner string, gen int64, payload []byte) (bool, error)
-	Release(ctx context.Context, resource, owner string, gen int64) (bool, error)
+	Acquire(ctx context.Context, resource, owner string, ttl time.Duration) (g driver.Grant, ok bool, err error)
+	// Publish runs the conditional publication and records its operation id, as the driver's
+	// statement or transaction does.
+	Publish(ctx context.Context, lease driver.LeaseRef, pub driver.Publication) (bool, error)
+	PublishAndRelease(ctx context.Context, lease driver.LeaseRef, pub driver.Publication) (bool, error)
+	Release(ctx context.Context, lease driver.LeaseRef) (bool, error)
 }
 
 // BenchTarget is the store a backend's benchmarks run on.
@@ -196,18 +198,16 @@ type rawImpl struct{ raw Raw }
 
 func (r rawImpl) acquire(ctx context.Context, resource string) (handle, bool, error) {
 	owner := rand.Text() // an application would make a fresh owner too
-	gen, ok, err := r.raw.Acquire(ctx, resource, owner, benchTTL)
+	g, ok, err := r.raw.Acquire(ctx, resource, owner, benchTTL)
 	if err != nil || !ok {
 		return nil, ok, err
 	}
-	return rawHandle{r.raw, resource, owner, gen}, true, nil
+	return rawHandle{r.raw, driver.LeaseRef{Resource: resource, Owner: owner, Epoch: g.Epoch, Generation: g.Generation}}, true, nil
 }
 
 type rawHandle struct {
-	raw      Raw
-	resource string
-	owner    string
-	gen      int64
+	raw Raw
+	ref driver.LeaseRef
 }
 
 var errRawRefused = errors.New("raw statement matched no row")
@@ -220,11 +220,11 @@ func rawResult(ok bool, err error) error {
 }
 
 func (h rawHandle) publish(ctx context.Context, p []byte) error {
-	return rawResult(h.raw.Publish(ctx, h.resource, h.owner, h.gen, p))
+	return rawResult(h.raw.Publish(ctx, h.ref, driver.Publication{Payload: p, OpID: rand.Text()}))
 }
 func (h rawHandle) publishAndRelease(ctx context.Context, p []byte) error {
-	return rawResult(h.raw.PublishAndRelease(ctx, h.resource, h.owner, h.gen, p))
+	return rawResult(h.raw.PublishAndRelease(ctx, h.ref, driver.Publication{Payload: p, OpID: rand.Text()}))
 }
 func (h rawHandle) release(ctx context.Context) error {
-	return rawResult(h.raw.Release(ctx, h.resource, h.owner, h.gen))
+	return rawResult(h.raw.Release(ctx, h.ref))
 }

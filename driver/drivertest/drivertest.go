@@ -26,6 +26,16 @@ type Target struct {
 	// Expire moves the resource's lease expiry into the past on the database's own clock, as
 	// an operator could in an isolated test database. It stands in for waiting out a TTL.
 	Expire func(ctx context.Context, resource string) error
+
+	// LostReply returns a driver on connections of its own to the store whose next reply, once
+	// arm has been called, is lost after the engine carried out the request. Network backends
+	// route a real connection through a Proxy, so that the driver's own error classification is
+	// what is tested; an embedded engine wraps its driver with LoseReplies. Required.
+	LostReply func(t *testing.T) (drv driver.Driver, arm func())
+
+	// Unreachable returns a driver for this backend whose requests can never reach a server
+	// (pointed at ClosedAddr). Nil for an embedded engine.
+	Unreachable func(t *testing.T) driver.Driver
 }
 
 // NewTarget returns a Target for one test; the backend creates a fresh schema, database or
@@ -59,6 +69,12 @@ func Run(t *testing.T, newTarget NewTarget) {
 		{"RunTrustWindowEndsBuild", testRunTrustWindow},
 		{"RunRenewsPastTTL", testRunRenews},
 		{"RunRenewalRefusedEndsBuild", testRunRenewalRefused},
+		{"LostReplyIsUnknownNotRefused", testLostReply},
+		{"UnreachableIsNotApplied", testUnreachable},
+		{"OperationIDsResolveFinally", testOperationIDs},
+		{"PruneOperations", testPruneOperations},
+		{"SourceVersions", testSourceVersions},
+		{"EpochBumpFencesEarlierLeases", testEpochBump},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -396,8 +412,11 @@ func testBadInput(t *testing.T, e *env) {
 		{"empty resource acquire", func() error { _, err := s.Acquire(ctx(t), "", time.Second); return err }()},
 		{"renew zero ttl", l.Renew(ctx(t), 0)},
 		{"payload over limit", l.Publish(ctx(t), make([]byte, 1<<20+1))},
-		{"bad generation", func() error { _, err := s.LeaseFor("r", l.Owner(), 0); return err }()},
-		{"bad owner", func() error { _, err := s.LeaseFor("r", "has space", 1); return err }()},
+		{"bad generation", func() error { _, err := s.LeaseFor("r", l.Owner(), fenced.Token{Epoch: 1, Generation: 0}); return err }()},
+		{"bad epoch", func() error { _, err := s.LeaseFor("r", l.Owner(), fenced.Token{Epoch: 0, Generation: 1}); return err }()},
+		{"bad operation id", l.Publish(ctx(t), []byte("x"), fenced.WithOpID("has space"))},
+		{"negative source version", l.Publish(ctx(t), []byte("x"), fenced.WithSourceVersion(-1))},
+		{"bad owner", func() error { _, err := s.LeaseFor("r", "has space", l.Token()); return err }()},
 	}
 	for _, c := range checks {
 		var ie *fenced.InvalidError
@@ -443,7 +462,7 @@ func testBusyAndNotProvisioned(t *testing.T, e *env) {
 		t.Fatalf("a busy acquisition changed the row: %+v", st)
 	}
 	// A lease handle for a resource that is not provisioned is refused as not provisioned.
-	ghost, err := a.LeaseFor("missing", la.Owner(), 1)
+	ghost, err := a.LeaseFor("missing", la.Owner(), fenced.Token{Epoch: 1, Generation: 1})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -1,0 +1,212 @@
+package drivertest
+
+import (
+	"context"
+	"errors"
+	"io"
+	"net"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/fenced-dev/fenced/driver"
+)
+
+// Proxy is a TCP proxy between a driver and its server that can lose a reply after the server
+// has acted on the request: the client sent its statement, the server executed and committed
+// it and answered, and the answer never arrives. It is safe for concurrent use.
+//
+// A hand-written proxy rather than toxiproxy: it does exactly one thing, deterministically (the
+// first server bytes after arming are dropped and both sides closed), and keeps toxiproxy's
+// server dependencies out of the core module.
+type Proxy struct {
+	ln       net.Listener
+	upstream string
+
+	mu      sync.Mutex
+	armed   bool
+	dropped chan struct{}
+	conns   map[net.Conn]struct{}
+	closed  bool
+	wg      sync.WaitGroup
+}
+
+// StartProxy listens on a loopback port and forwards every connection to upstream (host:port).
+// It is closed in t.Cleanup.
+func StartProxy(t testing.TB, upstream string) *Proxy {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatalf("proxy listen: %v", err)
+	}
+	p := &Proxy{ln: ln, upstream: upstream, conns: map[net.Conn]struct{}{}, dropped: make(chan struct{})}
+	p.wg.Add(1)
+	go p.accept()
+	t.Cleanup(p.Close)
+	return p
+}
+
+// Addr is the proxy's host:port, to give the driver instead of the server's.
+func (p *Proxy) Addr() string { return p.ln.Addr().String() }
+
+// LoseNextReply arms the proxy: the next bytes any server connection sends are discarded, and
+// that connection is closed on both sides. Dropped is closed when that has happened.
+func (p *Proxy) LoseNextReply() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.armed = true
+	p.dropped = make(chan struct{})
+}
+
+// Dropped is closed once the armed reply has been lost.
+func (p *Proxy) Dropped() <-chan struct{} {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.dropped
+}
+
+// Close stops listening and closes every connection.
+func (p *Proxy) Close() {
+	p.mu.Lock()
+	p.closed = true
+	for c := range p.conns {
+		_ = c.Close()
+	}
+	p.mu.Unlock()
+	_ = p.ln.Close()
+	p.wg.Wait()
+}
+
+func (p *Proxy) track(c net.Conn) bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.closed {
+		_ = c.Close()
+		return false
+	}
+	p.conns[c] = struct{}{}
+	return true
+}
+
+func (p *Proxy) accept() {
+	defer p.wg.Done()
+	for {
+		client, err := p.ln.Accept()
+		if err != nil {
+			return
+		}
+		server, err := net.DialTimeout("tcp", p.upstream, 10*time.Second)
+		if err != nil {
+			_ = client.Close()
+			continue
+		}
+		if !p.track(client) || !p.track(server) {
+			_ = client.Close()
+			_ = server.Close()
+			continue
+		}
+		p.wg.Add(2)
+		go func() { // client to server: plain copy
+			defer p.wg.Done()
+			_, _ = io.Copy(server, client)
+			_ = server.Close()
+		}()
+		go func() { // server to client: the reply that may be lost
+			defer p.wg.Done()
+			defer client.Close()
+			defer server.Close()
+			buf := make([]byte, 32<<10)
+			for {
+				n, err := server.Read(buf)
+				if n > 0 {
+					if p.takeArmed() {
+						return // both sides are closed by the defers: the reply is gone
+					}
+					if _, werr := client.Write(buf[:n]); werr != nil {
+						return
+					}
+				}
+				if err != nil {
+					return
+				}
+			}
+		}()
+	}
+}
+
+// takeArmed disarms the proxy and reports whether it was armed.
+func (p *Proxy) takeArmed() bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if !p.armed {
+		return false
+	}
+	p.armed = false
+	close(p.dropped)
+	return true
+}
+
+// ClosedAddr returns a loopback address where nothing listens: a driver pointed at it can never
+// deliver a request.
+func ClosedAddr(t testing.TB) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := ln.Addr().String()
+	_ = ln.Close()
+	return addr
+}
+
+// errLostReply is what LoseReplies returns after the operation has taken effect.
+var errLostReply = errors.New("connection lost after the request was sent (injected)")
+
+// LoseReplies wraps a driver for engines without a network between client and engine (SQLite):
+// once arm has been called, the next mutation is carried out for real and then reports an error
+// instead of its result, as a lost reply would. Reads are not affected.
+func LoseReplies(d driver.Driver) (drv driver.Driver, arm func()) {
+	l := &lossy{Driver: d}
+	return l, func() { l.mu.Lock(); l.armed = true; l.mu.Unlock() }
+}
+
+type lossy struct {
+	driver.Driver
+	mu    sync.Mutex
+	armed bool
+}
+
+func (l *lossy) lose(err error) error {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.armed && err == nil {
+		l.armed = false
+		return errLostReply
+	}
+	return err
+}
+
+func (l *lossy) Acquire(ctx context.Context, resource, owner string, ttl time.Duration) (driver.Grant, error) {
+	g, err := l.Driver.Acquire(ctx, resource, owner, ttl)
+	return g, l.lose(err)
+}
+
+func (l *lossy) Renew(ctx context.Context, ref driver.LeaseRef, ttl time.Duration) (time.Time, bool, error) {
+	u, ok, err := l.Driver.Renew(ctx, ref, ttl)
+	return u, ok, l.lose(err)
+}
+
+func (l *lossy) Publish(ctx context.Context, ref driver.LeaseRef, p driver.Publication) (bool, error) {
+	ok, err := l.Driver.Publish(ctx, ref, p)
+	return ok, l.lose(err)
+}
+
+func (l *lossy) PublishAndRelease(ctx context.Context, ref driver.LeaseRef, p driver.Publication) (bool, error) {
+	ok, err := l.Driver.PublishAndRelease(ctx, ref, p)
+	return ok, l.lose(err)
+}
+
+func (l *lossy) Release(ctx context.Context, ref driver.LeaseRef) (bool, error) {
+	ok, err := l.Driver.Release(ctx, ref)
+	return ok, l.lose(err)
+}

@@ -1,0 +1,287 @@
+package drivertest
+
+import (
+	"bytes"
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/fenced-dev/fenced"
+)
+
+// wantUnknown checks that err reports an unknown outcome, never a refusal or busy.
+func wantUnknown(t *testing.T, what string, err error) *fenced.OutcomeUnknownError {
+	t.Helper()
+	var ue *fenced.OutcomeUnknownError
+	if !errors.As(err, &ue) || !errors.Is(err, fenced.ErrOutcomeUnknown) {
+		t.Fatalf("%s with its reply lost: %v, want an unknown outcome", what, err)
+	}
+	if errors.Is(err, fenced.ErrRefused) || errors.Is(err, fenced.ErrBusy) {
+		t.Fatalf("%s with its reply lost was reported as refused or busy: %v", what, err)
+	}
+	return ue
+}
+
+// testLostReply: for every mutation, the engine commits and the reply is lost. The caller must
+// hear "outcome unknown" (never refused or busy), and the durable state shows it happened.
+func testLostReply(t *testing.T, e *env) {
+	if e.LostReply == nil {
+		t.Fatal("Target.LostReply is required")
+	}
+	direct := e.store(t)
+	drv, arm := e.LostReply(t)
+	lossy, err := fenced.New(ctx(t), drv, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = lossy.Close() })
+	provision(t, direct, "acq", "pub", "pubrel", "renew", "rel")
+
+	t.Run("acquire", func(t *testing.T) {
+		arm()
+		_, err := lossy.Acquire(ctx(t), "acq", time.Minute)
+		ue := wantUnknown(t, "acquire", err)
+		if st := show(t, direct, "acq"); st.Generation != 1 || st.Owner != ue.Owner || !st.Held() {
+			t.Fatalf("after a lost acquire reply: %+v, want generation 1 held by %s", st, ue.Owner)
+		}
+	})
+	t.Run("publish", func(t *testing.T) {
+		l := acquire(t, lossy, "pub", time.Minute)
+		arm()
+		ue := wantUnknown(t, "publish", l.Publish(ctx(t), []byte("p1"), fenced.WithOpID("lost-publish")))
+		if ue.OpID != "lost-publish" {
+			t.Fatalf("the unknown outcome names operation %q", ue.OpID)
+		}
+		wantPublished(t, direct, "pub", []byte("p1"), l.Generation())
+		r, err := direct.Resolve(ctx(t), "lost-publish")
+		if err != nil || !r.Accepted || r.Resource != "pub" || r.Token != l.Token() {
+			t.Fatalf("resolve after a lost publish reply: %+v, %v", r, err)
+		}
+	})
+	t.Run("publish with a generated operation id", func(t *testing.T) {
+		l := acquire(t, lossy, "pubrel", time.Minute)
+		arm()
+		ue := wantUnknown(t, "publish and release", l.PublishAndRelease(ctx(t), []byte("p2")))
+		if ue.OpID == "" {
+			t.Fatal("an unknown publication without an id of the caller's does not name the generated one")
+		}
+		if st := show(t, direct, "pubrel"); st.Owner != "" || st.PublishedGeneration != l.Generation() {
+			t.Fatalf("after a lost publish-and-release reply: %+v", st)
+		}
+		if r, err := direct.Resolve(ctx(t), ue.OpID); err != nil || !r.Accepted {
+			t.Fatalf("resolve %s: %+v, %v", ue.OpID, r, err)
+		}
+	})
+	t.Run("renew", func(t *testing.T) {
+		l := acquire(t, lossy, "renew", time.Minute)
+		arm()
+		wantUnknown(t, "renew", l.Renew(ctx(t), time.Hour))
+		if st := show(t, direct, "renew"); st.LeaseUntil.Before(st.Now.Add(50 * time.Minute)) {
+			t.Fatalf("after a lost renew reply the lease ends at %s (database now %s), want about an hour", st.LeaseUntil, st.Now)
+		}
+	})
+	t.Run("release", func(t *testing.T) {
+		l := acquire(t, lossy, "rel", time.Minute)
+		arm()
+		wantUnknown(t, "release", l.Release(ctx(t)))
+		if st := show(t, direct, "rel"); st.Owner != "" || st.Held() {
+			t.Fatalf("after a lost release reply: %+v", st)
+		}
+	})
+}
+
+// testUnreachable: a request that cannot reach the server certainly did not happen, and is
+// reported so: not unknown, not busy, not refused.
+func testUnreachable(t *testing.T, e *env) {
+	if e.Unreachable == nil {
+		t.Skip("an embedded engine has no server to be unreachable")
+	}
+	s, err := fenced.New(ctx(t), e.Unreachable(t), &fenced.Config{SkipMigrate: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = s.Close() })
+	l, err := s.LeaseFor("r", "owner", fenced.Token{Epoch: 1, Generation: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, acqErr := s.Acquire(ctx(t), "r", time.Minute)
+	for what, err := range map[string]error{
+		"acquire": acqErr,
+		"publish": l.Publish(ctx(t), []byte("x")),
+		"renew":   l.Renew(ctx(t), time.Minute),
+		"release": l.Release(ctx(t)),
+	} {
+		if err == nil || errors.Is(err, fenced.ErrOutcomeUnknown) || errors.Is(err, fenced.ErrRefused) || errors.Is(err, fenced.ErrBusy) {
+			t.Errorf("%s against an unreachable server: %v, want a certain failure", what, err)
+		}
+	}
+}
+
+// testOperationIDs: outcomes are recorded with the payload and never overwritten; resolving an
+// id that never arrived records it as aborted, so a late delivery of it is refused.
+func testOperationIDs(t *testing.T, e *env) {
+	s := e.store(t)
+	provision(t, s, "r")
+	l1 := acquire(t, s, "r", time.Minute)
+	if err := l1.Publish(ctx(t), []byte("v1"), fenced.WithOpID("op-1")); err != nil {
+		t.Fatal(err)
+	}
+	for range 2 { // resolving is repeatable and answers the same
+		r, err := s.Resolve(ctx(t), "op-1")
+		if err != nil || !r.Accepted || r.Resource != "r" || r.Token != l1.Token() || r.RecordedAt.IsZero() {
+			t.Fatalf("resolve op-1: %+v, %v", r, err)
+		}
+	}
+	if err := l1.Release(ctx(t)); err != nil {
+		t.Fatal(err)
+	}
+	l2 := acquire(t, s, "r", time.Minute)
+	// A replay of an accepted operation by a newer lease is refused and changes nothing.
+	wantRefused(t, l2.Publish(ctx(t), []byte("replay"), fenced.WithOpID("op-1")), fenced.CauseOperationExists)
+	wantPublished(t, s, "r", []byte("v1"), l1.Generation())
+
+	// An id that never arrived is resolved as not accepted, and that answer is final.
+	r, err := s.Resolve(ctx(t), "op-late")
+	if err != nil || r.Accepted {
+		t.Fatalf("resolve an id that never arrived: %+v, %v", r, err)
+	}
+	wantRefused(t, l2.Publish(ctx(t), []byte("late"), fenced.WithOpID("op-late")), fenced.CauseOperationExists)
+	if r, err := s.Resolve(ctx(t), "op-late"); err != nil || r.Accepted {
+		t.Fatalf("resolve op-late again: %+v, %v", r, err)
+	}
+	wantPublished(t, s, "r", []byte("v1"), l1.Generation())
+
+	// Reading an outcome records nothing.
+	if op, err := s.Driver().ReadOperation(ctx(t), "op-2"); err != nil || op.Outcome != "" {
+		t.Fatalf("read an unrecorded id: %+v, %v", op, err)
+	}
+	if err := l2.Publish(ctx(t), []byte("v2"), fenced.WithOpID("op-2")); err != nil {
+		t.Fatalf("publish after only reading the id: %v", err)
+	}
+	wantPublished(t, s, "r", []byte("v2"), l2.Generation())
+	if r, err := s.Resolve(ctx(t), "op-1"); err != nil || !r.Accepted || r.Token != l1.Token() {
+		t.Fatalf("a later publication overwrote op-1's record: %+v, %v", r, err)
+	}
+	if _, err := s.Resolve(ctx(t), ""); !errors.Is(err, fenced.ErrInvalid) {
+		t.Fatalf("resolve an empty id: %v", err)
+	}
+}
+
+func testPruneOperations(t *testing.T, e *env) {
+	s := e.store(t)
+	provision(t, s, "r")
+	l := acquire(t, s, "r", time.Minute)
+	if err := l.Publish(ctx(t), []byte("v"), fenced.WithOpID("old")); err != nil {
+		t.Fatal(err)
+	}
+	if n, err := s.PruneOperations(ctx(t), time.Hour); err != nil || n != 0 {
+		t.Fatalf("prune records older than an hour: %d, %v", n, err)
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for { // until the database's clock has moved past the record
+		n, err := s.PruneOperations(ctx(t), time.Millisecond)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if n == 1 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the record was not pruned (pruned %d)", n)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	if op, err := s.Driver().ReadOperation(ctx(t), "old"); err != nil || op.Outcome != "" {
+		t.Fatalf("after pruning: %+v, %v", op, err)
+	}
+	if _, err := s.PruneOperations(ctx(t), 0); !errors.Is(err, fenced.ErrInvalid) {
+		t.Fatalf("prune with age 0: %v", err)
+	}
+}
+
+// testSourceVersions: a publication whose source is older than the published one is refused,
+// whatever its generation; one without a source version is not checked and keeps the version.
+func testSourceVersions(t *testing.T, e *env) {
+	s := e.store(t)
+	provision(t, s, "r")
+	publish := func(payload string, opts ...fenced.PublishOption) error {
+		l := acquire(t, s, "r", time.Minute)
+		defer func() { _ = l.Release(ctx(t)) }()
+		return l.Publish(ctx(t), []byte(payload), opts...)
+	}
+	if err := publish("v5", fenced.WithSourceVersion(5)); err != nil {
+		t.Fatal(err)
+	}
+	wantRefused(t, publish("v3", fenced.WithSourceVersion(3)), fenced.CauseStaleSource)
+	if st := show(t, s, "r"); st.SourceVersion != 5 {
+		t.Fatalf("source version %d after a stale one was refused", st.SourceVersion)
+	}
+	if err := publish("v5 again", fenced.WithSourceVersion(5)); err != nil {
+		t.Fatalf("the same source version: %v", err)
+	}
+	if err := publish("unversioned"); err != nil {
+		t.Fatalf("without a source version: %v", err)
+	}
+	if st := show(t, s, "r"); st.SourceVersion != 5 {
+		t.Fatalf("an unversioned publication changed the source version to %d", st.SourceVersion)
+	}
+	wantRefused(t, publish("v4", fenced.WithSourceVersion(4)), fenced.CauseStaleSource)
+	if err := publish("v9", fenced.WithSourceVersion(9)); err != nil {
+		t.Fatal(err)
+	}
+	got, _, err := s.Get(ctx(t), "r")
+	if err != nil || !bytes.Equal(got, []byte("v9")) {
+		t.Fatalf("published %q, %v", got, err)
+	}
+}
+
+// testEpochBump: after a bump, every lease issued before it is refused (also one presenting the
+// current generation with the old epoch), leases are free, and the next token is greater.
+func testEpochBump(t *testing.T, e *env) {
+	a, b := e.store(t), e.store(t)
+	provision(t, a, "r", "idle")
+	la := acquire(t, a, "r", time.Minute)
+	if la.Epoch() < 1 {
+		t.Fatalf("first epoch %d, want at least 1", la.Epoch())
+	}
+	epoch, err := b.BumpEpoch(ctx(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if epoch != la.Epoch()+1 {
+		t.Fatalf("bumped to epoch %d, want %d", epoch, la.Epoch()+1)
+	}
+	st := show(t, b, "r")
+	if st.Held() || st.CurrentEpoch != epoch {
+		t.Fatalf("after the bump: %+v", st)
+	}
+	wantRefused(t, la.Publish(ctx(t), []byte("old epoch")), fenced.CauseSuperseded)
+	wantRefused(t, la.Renew(ctx(t), time.Minute), fenced.CauseSuperseded)
+	wantRefused(t, la.Release(ctx(t)), fenced.CauseSuperseded)
+
+	lb := acquire(t, b, "r", time.Minute)
+	if lb.Epoch() != epoch || lb.Generation() != la.Generation()+1 || lb.Token().Compare(la.Token()) <= 0 {
+		t.Fatalf("token after the bump %s, before %s", lb.Token(), la.Token())
+	}
+	// The same owner and generation with the old epoch is not this lease.
+	forged, err := a.LeaseFor("r", lb.Owner(), fenced.Token{Epoch: la.Epoch(), Generation: lb.Generation()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := forged.Publish(ctx(t), []byte("forged")); !errors.Is(err, fenced.ErrRefused) {
+		t.Fatalf("a publication with the old epoch: %v, want refused", err)
+	}
+	if err := lb.Publish(ctx(t), []byte("new epoch")); err != nil {
+		t.Fatal(err)
+	}
+	if st := show(t, a, "r"); st.PublishedEpoch != epoch || st.Epoch != epoch || st.PublishedGeneration != lb.Generation() {
+		t.Fatalf("published token: %+v", st)
+	}
+	if e2, err := a.BumpEpoch(ctx(t)); err != nil || e2 != epoch+1 {
+		t.Fatalf("second bump: %d, %v", e2, err)
+	}
+	if l := acquire(t, a, "idle", time.Minute); l.Epoch() != epoch+1 || l.Generation() != 1 {
+		t.Fatalf("a resource never acquired before gets %s", l.Token())
+	}
+}
