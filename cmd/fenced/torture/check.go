@@ -21,7 +21,8 @@ const (
 	InvReadsMonotonic   = "9 reads never go back in time (per reader)"
 	InvIdentityPerAcq   = "12 identity per acquisition: no owner identity is used by two acquisitions"
 	maxExcerpt          = 40
-	defaultCheckTimeout = 5 * time.Minute
+	defaultCheckTimeout = time.Minute
+	flaggedCheckTimeout = 5 * time.Second
 )
 
 // Invariants lists what Check verifies, in order.
@@ -74,7 +75,7 @@ func (r *Result) OK() bool { return len(r.Violations) == 0 }
 
 // Check holds the history to every invariant it can show. init is each resource's state
 // before the workers started (the zero state when missing); timeout bounds the model check of
-// each resource (0: 5 minutes).
+// each resource (0: one minute).
 func Check(h *History, init map[string]State, timeout time.Duration) *Result {
 	if timeout <= 0 {
 		timeout = defaultCheckTimeout
@@ -102,13 +103,30 @@ func Check(h *History, init map[string]State, timeout time.Duration) *Result {
 				ops = append(ops, op)
 			}
 		}
-		c.linearizable(res, ops, init[res].model(), timeout)
 		c.tokens(res, ops)
 		c.publications(res, ops)
 		c.payloads(res, ops)
 	}
 	c.readers()
 	c.identities()
+	for _, res := range h.Resources() {
+		var ops []*Op
+		for _, op := range h.Ops {
+			if op.Resource == res {
+				ops = append(ops, op)
+			}
+		}
+		// Proving that no order exists can take porcupine a long time when many outcomes are
+		// unknown; where the direct checks already found a violation it gets a short budget.
+		budget, flagged := timeout, false
+		for _, v := range r.Violations {
+			flagged = flagged || v.Resource == res
+		}
+		if flagged {
+			budget = min(timeout, flaggedCheckTimeout)
+		}
+		c.linearizable(res, ops, init[res].model(), budget, flagged)
+	}
 	for _, name := range Invariants {
 		r.Invariants = append(r.Invariants, *c.res[name])
 	}
@@ -186,10 +204,11 @@ func (c *checker) excerpt(involved []*Op) ([]int, int) {
 	return out, more
 }
 
-// linearizable runs porcupine on one resource. When the history is not linearizable, it
-// finds the shortest prefix (by call time) that is not, and reports its last operation with
-// the operations that set the state it contradicts.
-func (c *checker) linearizable(res string, ops []*Op, init state, timeout time.Duration) {
+// linearizable runs porcupine on one resource. When the history is not linearizable, the
+// operation reported is the first, by return time, of those outside porcupine's longest
+// partial linearization: it had to take effect before it returned, and no order allowed it.
+// It is shown with the last acquisition and publication acknowledged before its call.
+func (c *checker) linearizable(res string, ops []*Op, init state, timeout time.Duration, flagged bool) {
 	ir := c.res[InvLinearizable]
 	ir.Checked += len(ops)
 	m := model(init)
@@ -199,27 +218,40 @@ func (c *checker) linearizable(res string, ops []*Op, init state, timeout time.D
 	case porcupine.Ok:
 		return
 	case porcupine.Unknown:
+		if flagged {
+			ir.Note = addNote(ir.Note, fmt.Sprintf("not finished on %s within %s, where direct checks had already found violations", res, timeout))
+			return
+		}
 		c.r.Inconclusive = append(c.r.Inconclusive, res)
-		ir.Note = "timed out on " + res
+		ir.Note = addNote(ir.Note, "timed out on "+res)
 		return
 	}
-	illegal := func(n int) bool {
-		return porcupine.CheckOperationsTimeout(m, porcupineOps(c.h, ops[:n]), timeout) == porcupine.Illegal
-	}
-	lo, hi := 0, len(ops) // the prefix of lo operations is linearizable, that of hi is not
-	for hi-lo > 1 {
-		mid := (lo + hi) / 2
-		if illegal(mid) {
-			hi = mid
-		} else {
-			lo = mid
+	linearized := map[*Op]bool{}
+	var longest []porcupine.Operation
+	for _, partition := range info.PartialLinearizationsOperations() {
+		for _, lin := range partition {
+			if len(lin) > len(longest) {
+				longest = lin
+			}
 		}
 	}
-	last := ops[hi-1]
-	involved := []*Op{last}
+	for _, op := range longest {
+		linearized[op.Metadata.(*Op)] = true
+	}
+	var culprit *Op
+	for _, op := range ops {
+		if !linearized[op] && !op.Unknown() && (culprit == nil || op.Return < culprit.Return) {
+			culprit = op
+		}
+	}
+	if culprit == nil {
+		c.violate(InvLinearizable, res, "no order of the operations is allowed by the model", ops[0])
+		return
+	}
+	involved := []*Op{culprit}
 	var lastAcq, lastPub *Op
-	for _, op := range ops[:hi-1] {
-		if op.Return >= last.Call || op.Out != OutOK {
+	for _, op := range ops {
+		if op.Return >= culprit.Call || op.Out != OutOK || op == culprit {
 			continue
 		}
 		switch op.Kind {
@@ -235,9 +267,9 @@ func (c *checker) linearizable(res string, ops []*Op, init state, timeout time.D
 		}
 	}
 	c.violate(InvLinearizable, res, fmt.Sprintf(
-		"no order of the operations explains #%d %s → %s (the first %d operations on %s are explained; "+
-			"shown with the last acquisition and publication acknowledged before it)",
-		last.Index, last.Kind, last.Out, hi-1, res), involved...)
+		"no order of the operations explains #%d %s → %s (%d of the %d operations on %s could be ordered before it; "+
+			"shown with the last acquisition and publication acknowledged before its call)",
+		culprit.Index, culprit.Kind, culprit.Out, len(longest), len(ops), res), involved...)
 }
 
 // tokens checks invariants 1, 2, 3 and 6 on one resource.
@@ -436,4 +468,11 @@ func (c *checker) identities() {
 		}
 		seen[op.Owner] = op
 	}
+}
+
+func addNote(note, s string) string {
+	if note == "" {
+		return s
+	}
+	return note + "; " + s
 }

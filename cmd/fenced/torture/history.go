@@ -3,7 +3,6 @@ package torture
 import (
 	"bufio"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"io/fs"
 	"math"
@@ -33,6 +32,7 @@ const (
 	OutBusy     = "busy"
 	OutRefused  = "refused"
 	OutNotFound = "notfound" // not provisioned, or (get) nothing published
+	OutFailed   = "failed"   // an error the driver proves left nothing changed (driver.ErrNotApplied)
 	OutUnknown  = "unknown"
 )
 
@@ -55,7 +55,8 @@ type Record struct {
 	Op       string `json:"op,omitempty"`
 	Resource string `json:"r,omitempty"`
 	Owner    string `json:"owner,omitempty"`
-	Gen      int64  `json:"gen,omitempty"` // the lease's generation (call) or the result's (return)
+	Epoch    int64  `json:"epoch,omitempty"` // the lease's epoch (call) or the grant's (return)
+	Gen      int64  `json:"gen,omitempty"`   // the lease's generation (call) or the result's (return)
 	TTLMs    int64  `json:"ttl_ms,omitempty"`
 	Payload  string `json:"payload,omitempty"` // published (call) or read (get's return)
 
@@ -133,6 +134,13 @@ func (w *Recorder) Call(r Record) (int64, error) {
 	return id, w.Write(r)
 }
 
+// current is the number of the latest call, for a note about it.
+func (w *Recorder) current() int64 {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.next
+}
+
 // Close closes the file.
 func (w *Recorder) Close() error { return w.f.Close() }
 
@@ -145,6 +153,7 @@ type Op struct {
 	Kind     string
 	Resource string
 	Owner    string
+	Epoch    int64 // the lease's epoch; for an acquisition, the one granted
 	Gen      int64 // the lease's generation; for an acquisition, the one granted
 	TTLMs    int64
 	Payload  string // published, or read by get
@@ -247,7 +256,7 @@ func Build(recs []Record, truncated int) *History {
 		maxTime = max(maxTime, r.Time, r.EndTime)
 		switch r.Kind {
 		case KindCall:
-			op := &Op{Proc: r.Proc, ID: r.ID, Kind: r.Op, Resource: r.Resource, Owner: r.Owner, Gen: r.Gen,
+			op := &Op{Proc: r.Proc, ID: r.ID, Kind: r.Op, Resource: r.Resource, Owner: r.Owner, Epoch: r.Epoch, Gen: r.Gen,
 				TTLMs: r.TTLMs, Payload: r.Payload, Call: r.Time, Out: OutUnknown}
 			calls[key{r.Proc, r.ID}] = op
 			h.Ops = append(h.Ops, op)
@@ -268,7 +277,7 @@ func Build(recs []Record, truncated int) *History {
 			}
 			switch op.Kind {
 			case OpAcquire:
-				op.Gen = r.Gen
+				op.Epoch, op.Gen = r.Epoch, r.Gen
 			case OpShow:
 				op.ReadGen, op.ReadOwner, op.ReadPub, op.PayloadBytes = r.Gen, r.ReadOwner, r.ReadPub, r.PayloadBytes
 			case OpGet:
@@ -365,5 +374,3 @@ func shortOr(owner string) string {
 	}
 	return short(owner)
 }
-
-var errNoHistory = errors.New("empty history")

@@ -83,6 +83,9 @@ func partitionByResource(ops []porcupine.Operation) [][]porcupine.Operation {
 // could not have returned what it did from st.
 func step(st state, in input, out output) []any {
 	unchanged := []any{st}
+	if out.Out == OutFailed {
+		return unchanged // the driver proved that nothing changed
+	}
 	switch in.Kind {
 	case OpAcquire:
 		// A held lease may have expired at any moment, so an acquisition may succeed whatever
@@ -194,6 +197,9 @@ func porcupineOps(h *History, ops []*Op) []porcupine.Operation {
 	ids := map[string]int{} // a small number per process, for porcupine's visualization
 	out := make([]porcupine.Operation, 0, len(ops))
 	for _, op := range ops {
+		if op.Unknown() && (op.Read() || op.Kind == OpRenew) {
+			continue // whether or not it happened, it changed nothing: leaving it out saves search
+		}
 		in := input{Kind: op.Kind, Owner: op.Owner, Gen: op.Gen, Payload: op.Payload}
 		o := output{Out: op.Out}
 		switch op.Kind {

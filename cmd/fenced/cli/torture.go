@@ -1,0 +1,684 @@
+package cli
+
+import (
+	"bufio"
+	"context"
+	"crypto/rand"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/fenced-dev/fenced"
+	"github.com/fenced-dev/fenced/backend/postgres"
+	"github.com/fenced-dev/fenced/backend/sqlite"
+	"github.com/fenced-dev/fenced/cmd/fenced/torture"
+	"github.com/fenced-dev/fenced/driver"
+)
+
+// violationsError ends a torture run that found violations (exit code 7).
+type violationsError struct{ n int }
+
+func (e *violationsError) Error() string { return fmt.Sprintf("%d violations found", e.n) }
+
+// tortureOptions are the flags of fenced torture.
+type tortureOptions struct {
+	seed         uint64
+	duration     time.Duration
+	workers      int
+	resources    int
+	faults       string
+	unfenced     bool
+	report       string
+	checkTimeout time.Duration
+}
+
+func (a *app) tortureCmd() *cobra.Command {
+	var o tortureOptions
+	cmd := &cobra.Command{
+		Use:   "torture [--seed N] [--duration D] [--workers N] [--resources N] [--faults LIST] [--unfenced] [--report DIR]",
+		Short: "Check the protocol under faults: worker processes, a nemesis, and a linearizability checker",
+		Long: `Run worker processes that loop acquire (TTL 300-800ms), build (a short pause), publish a payload
+naming (worker, generation, sequence) and release, on a few resources, while a nemesis injects
+faults; then check every recorded operation against a model of the protocol and the
+invariants a history can show. Each worker records a CALL before sending each request and a
+RETURN after its reply, stamped with the system-wide monotonic clock; an operation without a
+definite reply may or may not have happened.
+
+The database is --db or $FENCED_DB; otherwise a SQLite file in a new temporary directory,
+removed afterwards (never ./fenced.db). Its resources are new rows named torture-<run>-<n>.
+
+Faults (--faults, comma-separated; default: every one that applies to the database):
+  pause       SIGSTOP a worker while it builds, for longer than its TTL, then SIGCONT
+  kill        kill -9 a worker in the middle of an operation; a new process (new identity)
+              takes its place
+  drop-reply  inside a worker, a reply is discarded after the database ran the statement
+  restart     restart the database server: PostgreSQL on this machine (pg_ctlcluster);
+              not applicable to SQLite, not implemented for the other backends
+  clock       jump the database clock forward and back: SQLite only (an offset file read by
+              every statement); PostgreSQL's clock_timestamp() cannot be offset
+
+--unfenced runs the same schedule with a plain lock: the same acquisitions, then an
+unconditional write of the payload (SQLite and PostgreSQL). It must report violations.
+
+The same seed gives the same schedule (the nemesis's choices, the workers' draws); the
+interleaving of the processes is the operating system's, so runs differ in detail.
+The report is printed and written as a self-contained HTML page in --report DIR (default: a
+new temporary directory, kept), with every history file.
+
+Exit code 7: violations found.`,
+		Args: cobra.NoArgs,
+		RunE: a.run(func(cmd *cobra.Command, _ []string) error {
+			if !cmd.Flags().Changed("seed") {
+				o.seed = uint64(time.Now().UnixNano() % 1_000_000)
+			}
+			return a.torture(cmd, o)
+		}),
+	}
+	f := cmd.Flags()
+	f.Uint64Var(&o.seed, "seed", 0, "seed of the schedule (default: chosen from the time and printed)")
+	f.DurationVar(&o.duration, "duration", 30*time.Second, "how long the workers run")
+	f.IntVar(&o.workers, "workers", 4, "worker processes")
+	f.IntVar(&o.resources, "resources", 3, "resources")
+	f.StringVar(&o.faults, "faults", "", "faults to inject: pause,kill,drop-reply,restart,clock (default: all that apply)")
+	f.BoolVar(&o.unfenced, "unfenced", false, "use a plain lock (unconditional write): the checker must find violations")
+	f.StringVar(&o.report, "report", "", "directory for the HTML report and the histories (default: a new temporary directory)")
+	f.DurationVar(&o.checkTimeout, "check-timeout", time.Minute, "bound on the model check of each resource")
+	return cmd
+}
+
+// faultPlan says which faults apply to a database, and why the others do not.
+func faultPlan(scheme string, requested []string) (use []string, notApplicable map[string]string) {
+	why := map[string]string{}
+	switch scheme {
+	case "sqlite":
+		why[torture.FaultRestart] = "not applicable to SQLite: it is embedded in each process, there is no server to restart (kill -9 of a worker is its crash)"
+	case "postgres", "postgresql":
+		why[torture.FaultClock] = "not applicable to PostgreSQL: clock_timestamp() is the server's system clock and has no offset to inject"
+		if err := pgRestartable(); err != nil {
+			why[torture.FaultRestart] = err.Error()
+		}
+	case "redis", "rediss":
+		why[torture.FaultRestart] = "skipped for Redis"
+		why[torture.FaultClock] = "not implemented for Redis"
+	default:
+		why[torture.FaultRestart] = "not implemented for " + scheme
+		why[torture.FaultClock] = "not implemented for " + scheme
+	}
+	notApplicable = map[string]string{}
+	for _, f := range requested {
+		if reason, ok := why[f]; ok {
+			notApplicable[f] = reason
+			continue
+		}
+		use = append(use, f)
+	}
+	return use, notApplicable
+}
+
+// pgVersion is the one cluster version under /etc/postgresql, for pg_ctlcluster.
+func pgVersion() (string, error) {
+	entries, err := os.ReadDir("/etc/postgresql")
+	if err != nil || len(entries) != 1 {
+		return "", errors.New("restart needs exactly one PostgreSQL cluster version under /etc/postgresql on this machine")
+	}
+	return entries[0].Name(), nil
+}
+
+func pgRestartable() error {
+	if _, err := exec.LookPath("pg_ctlcluster"); err != nil {
+		return errors.New("restart needs pg_ctlcluster (a PostgreSQL server on this machine)")
+	}
+	_, err := pgVersion()
+	return err
+}
+
+func restartPostgres(ctx context.Context) error {
+	v, err := pgVersion()
+	if err != nil {
+		return err
+	}
+	ctx, cancel := context.WithTimeout(ctx, 60*time.Second)
+	defer cancel()
+	out, err := exec.CommandContext(ctx, "pg_ctlcluster", "--skip-systemctl-redirect", v, "main", "restart").CombinedOutput()
+	if err != nil {
+		return fmt.Errorf("restart postgresql: %w: %s", err, strings.TrimSpace(string(out)))
+	}
+	return nil
+}
+
+// openTorture opens the database; a SQLite file gets the clock offset file, so that the clock
+// fault can move the clock of every process at once.
+func openTorture(ctx context.Context, url, clockFile string) (driver.Driver, error) {
+	if clockFile != "" {
+		if path, ok := strings.CutPrefix(url, "sqlite:"); ok {
+			return sqlite.Open(strings.TrimPrefix(path, "//"), sqlite.WithClockOffsetFile(clockFile))
+		}
+	}
+	return openDriver(ctx, url)
+}
+
+// naiveWrite is a plain lock's write for the backends that support --unfenced.
+func naiveWrite(drv driver.Driver) (torture.NaiveWrite, error) {
+	switch d := drv.(type) {
+	case *sqlite.Driver:
+		return func(ctx context.Context, l driver.LeaseRef, payload []byte) error {
+			_, err := d.DB().ExecContext(ctx, `UPDATE fenced_resources
+				SET payload = ?, published_generation = ?, published_at = CAST(unixepoch('subsec') * 1000000 AS INTEGER)
+				WHERE resource = ?`, payload, l.Generation, l.Resource)
+			return err
+		}, nil
+	case *postgres.Driver:
+		return func(ctx context.Context, l driver.LeaseRef, payload []byte) error {
+			_, err := d.Pool().Exec(ctx, `UPDATE fenced_resources
+				SET payload = $1, published_generation = $2, published_at = clock_timestamp()
+				WHERE resource = $3`, payload, l.Generation, l.Resource)
+			return err
+		}, nil
+	}
+	return nil, usagef("--unfenced needs SQLite or PostgreSQL")
+}
+
+func (a *app) torture(cmd *cobra.Command, o tortureOptions) error {
+	ctx := cmd.Context()
+	switch {
+	case o.duration < 3*time.Second:
+		return usagef("invalid --duration %s: at least 3s", o.duration)
+	case o.workers < 1 || o.workers > 64:
+		return usagef("invalid --workers %d: 1 to 64", o.workers)
+	case o.resources < 1 || o.resources > 100:
+		return usagef("invalid --resources %d: 1 to 100", o.resources)
+	}
+	requested, explicit := torture.AllFaults, o.faults != ""
+	if explicit {
+		var err error
+		if requested, err = torture.ParseFaults(o.faults); err != nil {
+			return usagef("invalid --faults: %v", err)
+		}
+	}
+	exe, err := os.Executable()
+	if err != nil {
+		return fmt.Errorf("find own executable: %w", err)
+	}
+
+	// The database: --db, $FENCED_DB, else a temporary SQLite file.
+	url := a.dbURL(cmd)
+	if !cmd.Flags().Changed("db") && os.Getenv("FENCED_DB") == "" {
+		tmp, err := os.MkdirTemp("", "fenced-torture-db-")
+		if err != nil {
+			return fmt.Errorf("create temporary directory: %w", err)
+		}
+		defer os.RemoveAll(tmp)
+		url = "sqlite:" + filepath.Join(tmp, "torture.db")
+	}
+	scheme, _, _ := strings.Cut(url, ":")
+	scheme = strings.ToLower(scheme)
+	faults, notApplicable := faultPlan(scheme, requested)
+
+	dir := o.report
+	if dir == "" {
+		if dir, err = os.MkdirTemp("", "fenced-torture-"); err != nil {
+			return fmt.Errorf("create report directory: %w", err)
+		}
+	}
+	hist := filepath.Join(dir, "history")
+	if err := os.MkdirAll(hist, 0o755); err != nil {
+		return fmt.Errorf("create report directory: %w", err)
+	}
+	if old, _ := filepath.Glob(filepath.Join(hist, "*.jsonl")); len(old) > 0 {
+		return usagef("the report directory %s already holds a history; choose another --report", dir)
+	}
+	clockFile := ""
+	if scheme == "sqlite" {
+		clockFile = filepath.Join(dir, "clock-offset-us")
+		if err := os.WriteFile(clockFile, []byte("0\n"), 0o644); err != nil {
+			return fmt.Errorf("write clock offset: %w", err)
+		}
+	}
+
+	drv, err := openTorture(ctx, url, clockFile)
+	if err != nil {
+		return err
+	}
+	store, err := fenced.New(ctx, drv, nil)
+	if err != nil {
+		_ = drv.Close()
+		return err
+	}
+	defer store.Close()
+	if o.unfenced {
+		if _, err := naiveWrite(drv); err != nil {
+			return err
+		}
+	}
+	runID := strings.ToLower(rand.Text()[:6])
+	resources := make([]string, o.resources)
+	for i := range resources {
+		resources[i] = fmt.Sprintf("torture-%s-%d", runID, i+1)
+	}
+	if err := store.Provision(ctx, resources...); err != nil {
+		return err
+	}
+	init := map[string]torture.State{}
+	for _, r := range resources {
+		st, err := drv.Read(ctx, r)
+		if err != nil {
+			return fmt.Errorf("read %s: %w", r, err)
+		}
+		payload, _, err := drv.ReadPayload(ctx, r)
+		if err != nil {
+			return fmt.Errorf("read %s: %w", r, err)
+		}
+		init[r] = torture.State{Generation: st.Generation, Owner: st.Owner, PublishedGeneration: st.PublishedGeneration, Payload: string(payload)}
+	}
+
+	plan := torture.Plan(o.seed, o.duration, o.workers, faults)
+	where := scheme
+	if !cmd.Flags().Changed("db") && os.Getenv("FENCED_DB") == "" {
+		where = "SQLite in a temporary directory"
+	}
+	mode := "fenced"
+	if o.unfenced {
+		mode = "UNFENCED (plain lock)"
+	}
+	fmt.Fprintf(a.stdout, "fenced torture: seed %d, %s, %d workers, %d resources, %s, %s; faults %s; %d nemesis actions planned\n",
+		o.seed, o.duration, o.workers, o.resources, where, mode, orNone(strings.Join(faults, ",")), len(plan))
+	fmt.Fprintf(a.stdout, "histories in %s\n", hist)
+
+	t := &tortureRun{a: a, o: o, exe: exe, url: url, clockFile: clockFile, hist: hist, resources: resources,
+		faults: faults, procs: make([]*tortureProc, o.workers)}
+	started := time.Now()
+	if err := t.execute(ctx, drv, plan); err != nil {
+		return err
+	}
+	elapsed := time.Since(started)
+
+	h, err := torture.Load(hist)
+	if err != nil {
+		return err
+	}
+	fmt.Fprintf(a.stdout, "checking %d operations...\n\n", len(h.Ops))
+	res := torture.Check(h, init, o.checkTimeout)
+	rep := &torture.Report{Run: torture.Run{Seed: o.seed, Duration: o.duration, Workers: o.workers, Resources: resources,
+		Database: where, Unfenced: o.unfenced, Faults: faults, NotApplicable: notApplicable, Plan: plan, Elapsed: elapsed},
+		History: h, Result: res}
+	rep.WriteText(a.stdout)
+	path, err := rep.WriteHTML(dir)
+	if err != nil {
+		return err
+	}
+	fmt.Fprintf(a.stdout, "report: %s\n", path)
+	if !res.OK() {
+		return &violationsError{n: len(res.Violations)}
+	}
+	return nil
+}
+
+func orNone(s string) string {
+	if s == "" {
+		return "none"
+	}
+	return s
+}
+
+// tortureRun is the parent's side of one run: the worker slots, the nemesis and the reader.
+type tortureRun struct {
+	a         *app
+	o         tortureOptions
+	exe, url  string
+	clockFile string
+	hist      string
+	resources []string
+	faults    []string
+
+	mu    sync.Mutex
+	procs []*tortureProc // current process of each slot
+	until time.Time      // workers start no new iteration after it
+	nem   *torture.Recorder
+}
+
+// tortureProc is one worker process seen from the parent.
+type tortureProc struct {
+	slot int
+	name string
+	cmd  *exec.Cmd
+	done chan struct{} // closed once the process has exited and been reaped
+
+	mu   sync.Mutex
+	trap *trap
+}
+
+// trap makes the stdout reader act the moment a worker reports a phase: a pause lands in the
+// build, a kill during a request, not at some random point.
+type trap struct {
+	prefix string
+	fire   func(line string)
+	fired  chan struct{}
+}
+
+func (p *tortureProc) setTrap(prefix string, fire func(string)) *trap {
+	tr := &trap{prefix: prefix, fire: fire, fired: make(chan struct{})}
+	p.mu.Lock()
+	p.trap = tr
+	p.mu.Unlock()
+	return tr
+}
+
+// spring fires the trap once, unless it already went off; it reports whether it fired.
+func (p *tortureProc) spring(line string, tr *trap) bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.trap != tr || p.trap == nil {
+		return false
+	}
+	p.trap = nil
+	tr.fire(line)
+	close(tr.fired)
+	return true
+}
+
+func (t *tortureRun) execute(ctx context.Context, drv driver.Driver, plan []torture.Fault) error {
+	nem, err := torture.NewRecorder(filepath.Join(t.hist, "nemesis.jsonl"), "nemesis")
+	if err != nil {
+		return err
+	}
+	defer nem.Close()
+	t.nem = nem
+	reader, err := torture.NewRecorder(filepath.Join(t.hist, "reader.jsonl"), "reader")
+	if err != nil {
+		return err
+	}
+	defer reader.Close()
+
+	start := time.Now()
+	t.until = start.Add(t.o.duration)
+	runCtx, stop := context.WithCancel(ctx)
+	defer stop()
+	var wg sync.WaitGroup
+	for slot := range t.o.workers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			t.supervise(runCtx, slot)
+		}()
+	}
+	readCtx, stopReader := context.WithCancel(ctx)
+	readerDone := make(chan struct{})
+	go func() {
+		defer close(readerDone)
+		torture.RunReader(readCtx, drv, reader, t.resources, t.o.seed, 50*time.Millisecond)
+	}()
+
+	for _, f := range plan {
+		if !wait(ctx, time.Until(start.Add(f.At))) {
+			break
+		}
+		t.inject(ctx, f)
+	}
+	wait(ctx, time.Until(t.until))
+	// The workers stop by themselves once the duration is over; a generous bound for the last
+	// iteration, then they are killed.
+	grace := time.AfterFunc(15*time.Second, stop)
+	wg.Wait()
+	grace.Stop()
+	stopReader()
+	<-readerDone
+	if err := ctx.Err(); err != nil {
+		return fmt.Errorf("torture interrupted: %w", err)
+	}
+	torture.ReadAll(ctx, drv, reader, t.resources) // the final state
+	return nil
+}
+
+// wait sleeps for d unless ctx ends first; it reports whether it slept the whole time.
+func wait(ctx context.Context, d time.Duration) bool {
+	if d <= 0 {
+		return ctx.Err() == nil
+	}
+	timer := time.NewTimer(d)
+	defer timer.Stop()
+	select {
+	case <-ctx.Done():
+		return false
+	case <-timer.C:
+		return true
+	}
+}
+
+// supervise keeps a worker process running in slot until the run is over, starting a new
+// process, with a new identity, whenever one dies (killed by the nemesis or failing).
+func (t *tortureRun) supervise(ctx context.Context, slot int) {
+	for incarnation := 1; ; incarnation++ {
+		remaining := time.Until(t.until)
+		if remaining < torture.TTLMin || ctx.Err() != nil {
+			return
+		}
+		p, err := t.startWorker(ctx, slot, incarnation, remaining)
+		if err != nil {
+			_ = t.nem.Write(torture.Record{Kind: torture.KindEvent, Event: "exit", Slot: slot, Detail: err.Error()})
+			wait(ctx, 200*time.Millisecond)
+			continue
+		}
+		select {
+		case <-p.done:
+		case <-ctx.Done():
+			_ = contProcess(p.cmd.Process)
+			_ = p.cmd.Process.Kill()
+			<-p.done
+			return
+		}
+		if code := p.cmd.ProcessState.ExitCode(); code == 0 {
+			return // ran to the end of the run
+		} else if code > 0 {
+			wait(ctx, 200*time.Millisecond) // failed (e.g. the database was restarting): try again
+		}
+	}
+}
+
+func (t *tortureRun) startWorker(ctx context.Context, slot, incarnation int, remaining time.Duration) (*tortureProc, error) {
+	name := fmt.Sprintf("w%d.%d", slot+1, incarnation)
+	args := []string{"torture-worker", "--proc", name,
+		"--seed", strconv.FormatUint(torture.WorkerSeed(t.o.seed, (slot+1)*1000+incarnation), 10),
+		"--resources", strings.Join(t.resources, ","),
+		"--history", filepath.Join(t.hist, name+".jsonl"),
+		"--duration", remaining.String()}
+	if contains(t.faults, torture.FaultDropReply) {
+		args = append(args, "--drop-reply", strconv.FormatFloat(torture.DropReply, 'f', -1, 64))
+	}
+	if t.o.unfenced {
+		args = append(args, "--naive")
+	}
+	if t.clockFile != "" {
+		args = append(args, "--clock-file", t.clockFile)
+	}
+	// The URL goes through the environment, not the command line, where ps would show a password.
+	cmd := exec.Command(t.exe, args...)
+	cmd.Env = append(os.Environ(), "FENCED_DB="+t.url)
+	cmd.SysProcAttr = workerProcAttr()
+	stderr, err := os.Create(filepath.Join(t.hist, name+".stderr"))
+	if err != nil {
+		return nil, err
+	}
+	cmd.Stderr = stderr
+	stdout, err := cmd.StdoutPipe()
+	if err != nil {
+		_ = stderr.Close()
+		return nil, err
+	}
+	if err := cmd.Start(); err != nil {
+		_ = stderr.Close()
+		return nil, fmt.Errorf("start worker %s: %w", name, err)
+	}
+	p := &tortureProc{slot: slot, name: name, cmd: cmd, done: make(chan struct{})}
+	_ = t.nem.Write(torture.Record{Kind: torture.KindEvent, Event: "start", Slot: slot, Pid: cmd.Process.Pid, Detail: name})
+	t.mu.Lock()
+	t.procs[slot] = p
+	t.mu.Unlock()
+	go func() {
+		sc := bufio.NewScanner(stdout)
+		for sc.Scan() {
+			p.mu.Lock()
+			tr := p.trap
+			p.mu.Unlock()
+			if tr != nil && strings.HasPrefix(sc.Text(), tr.prefix) {
+				p.spring(sc.Text(), tr)
+			}
+		}
+		err := cmd.Wait()
+		_ = stderr.Close()
+		detail := "exited 0"
+		if err != nil {
+			detail = err.Error()
+		}
+		_ = t.nem.Write(torture.Record{Kind: torture.KindEvent, Event: "exit", Proc: name, Slot: slot, Detail: name + " " + detail})
+		close(p.done)
+	}()
+	return p, nil
+}
+
+func contains(list []string, s string) bool {
+	for _, x := range list {
+		if x == s {
+			return true
+		}
+	}
+	return false
+}
+
+// inject carries out one planned fault and records it.
+func (t *tortureRun) inject(ctx context.Context, f torture.Fault) {
+	t.mu.Lock()
+	p := t.procs[f.Slot]
+	t.mu.Unlock()
+	switch f.Kind {
+	case torture.FaultPause:
+		if p == nil {
+			return
+		}
+		var stopped int64
+		tr := p.setTrap("build", func(string) {
+			if stopProcess(p.cmd.Process) == nil {
+				stopped = torture.Now()
+			}
+		})
+		t.await(ctx, p, tr)
+		if stopped == 0 {
+			return // the process was gone
+		}
+		wait(ctx, f.For)
+		_ = contProcess(p.cmd.Process)
+		_ = t.nem.Write(torture.Record{Kind: torture.KindEvent, Event: torture.FaultPause, Proc: p.name, Slot: f.Slot,
+			Time: stopped, EndTime: torture.Now(), Detail: fmt.Sprintf("SIGSTOP while building, for %s", f.For)})
+	case torture.FaultKill:
+		if p == nil {
+			return
+		}
+		var killed int64
+		detail := "untargeted: no operation was reported within 3s"
+		tr := p.setTrap("call ", func(line string) {
+			if p.cmd.Process.Kill() == nil {
+				killed = torture.Now()
+				detail = "during a " + strings.TrimPrefix(line, "call ") + " request"
+			}
+		})
+		if !t.await(ctx, p, tr) {
+			if p.cmd.Process.Kill() == nil {
+				killed = torture.Now()
+			}
+		}
+		if killed != 0 {
+			_ = t.nem.Write(torture.Record{Kind: torture.KindEvent, Event: torture.FaultKill, Proc: p.name, Slot: f.Slot, Time: killed, Detail: detail})
+		}
+	case torture.FaultRestart:
+		begin := torture.Now()
+		detail := "pg_ctlcluster restart"
+		if err := restartPostgres(ctx); err != nil {
+			detail = err.Error()
+		}
+		_ = t.nem.Write(torture.Record{Kind: torture.KindEvent, Event: torture.FaultRestart, Time: begin, EndTime: torture.Now(), Detail: detail})
+	case torture.FaultClock:
+		us := f.OffsetMs * 1000
+		if err := os.WriteFile(t.clockFile, []byte(strconv.FormatInt(us, 10)+"\n"), 0o644); err != nil {
+			_ = t.nem.Write(torture.Record{Kind: torture.KindEvent, Event: "error", Detail: err.Error()})
+			return
+		}
+		_ = t.nem.Write(torture.Record{Kind: torture.KindEvent, Event: torture.FaultClock, OffsetMs: f.OffsetMs,
+			Detail: fmt.Sprintf("database clock offset %+dms", f.OffsetMs)})
+	}
+}
+
+// await waits up to 3s for the trap to fire, then disarms it; it reports whether it fired.
+func (t *tortureRun) await(ctx context.Context, p *tortureProc, tr *trap) bool {
+	timer := time.NewTimer(3 * time.Second)
+	defer timer.Stop()
+	select {
+	case <-tr.fired:
+		return true
+	case <-p.done:
+	case <-timer.C:
+	case <-ctx.Done():
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.trap == tr {
+		p.trap = nil
+		return false
+	}
+	<-tr.fired // it fired meanwhile
+	return true
+}
+
+// tortureWorkerCmd is a worker process of fenced torture (hidden).
+func (a *app) tortureWorkerCmd() *cobra.Command {
+	var (
+		cfg                                    torture.WorkerConfig
+		resources, history, clockFile, seedStr string
+		naive                                  bool
+	)
+	cmd := &cobra.Command{
+		Use:    "torture-worker",
+		Short:  "A worker process of fenced torture (internal)",
+		Hidden: true,
+		Args:   cobra.NoArgs,
+		RunE: a.run(func(cmd *cobra.Command, _ []string) error {
+			seed, err := strconv.ParseUint(seedStr, 10, 64)
+			if err != nil {
+				return usagef("invalid --seed %q", seedStr)
+			}
+			cfg.Seed, cfg.Resources, cfg.TTLMin, cfg.TTLMax, cfg.Phase = seed, strings.Split(resources, ","), torture.TTLMin, torture.TTLMax, a.stdout
+			drv, err := openTorture(cmd.Context(), a.dbURL(cmd), clockFile)
+			if err != nil {
+				return err
+			}
+			defer drv.Close()
+			if naive {
+				if cfg.Naive, err = naiveWrite(drv); err != nil {
+					return err
+				}
+			}
+			rec, err := torture.NewRecorder(history, cfg.Proc)
+			if err != nil {
+				return err
+			}
+			defer rec.Close()
+			return torture.RunWorker(cmd.Context(), cfg, drv, rec)
+		}),
+	}
+	f := cmd.Flags()
+	f.StringVar(&cfg.Proc, "proc", "", "identity in the history")
+	f.StringVar(&seedStr, "seed", "", "the worker's seed")
+	f.StringVar(&resources, "resources", "", "comma-separated resources")
+	f.StringVar(&history, "history", "", "history file")
+	f.DurationVar(&cfg.Duration, "duration", 0, "start no iteration after this")
+	f.Float64Var(&cfg.DropReply, "drop-reply", 0, "probability of dropping a reply")
+	f.BoolVar(&naive, "naive", false, "write unconditionally, as a plain lock would")
+	f.StringVar(&clockFile, "clock-file", "", "SQLite clock offset file")
+	return cmd
+}

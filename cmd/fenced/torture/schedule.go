@@ -1,0 +1,133 @@
+package torture
+
+import (
+	"fmt"
+	"math/rand/v2"
+	"slices"
+	"strings"
+	"time"
+)
+
+// Fault kinds. drop-reply is injected inside the workers; the others by the parent.
+const (
+	FaultPause     = "pause"
+	FaultKill      = "kill"
+	FaultDropReply = "drop-reply"
+	FaultRestart   = "restart"
+	FaultClock     = "clock"
+)
+
+// AllFaults is every fault kind, in the order the help lists them.
+var AllFaults = []string{FaultPause, FaultKill, FaultDropReply, FaultRestart, FaultClock}
+
+// The workers' part of the schedule.
+const (
+	TTLMin    = 300 * time.Millisecond
+	TTLMax    = 800 * time.Millisecond
+	DropReply = 0.03 // probability per operation, when drop-reply is on
+)
+
+// ParseFaults reads a comma-separated list of fault kinds.
+func ParseFaults(list string) ([]string, error) {
+	var out []string
+	for _, f := range strings.Split(list, ",") {
+		f = strings.TrimSpace(f)
+		if f == "" {
+			continue
+		}
+		if !slices.Contains(AllFaults, f) {
+			return nil, fmt.Errorf("unknown fault %q; use %s", f, strings.Join(AllFaults, ", "))
+		}
+		if !slices.Contains(out, f) {
+			out = append(out, f)
+		}
+	}
+	return out, nil
+}
+
+// Fault is one planned nemesis action.
+type Fault struct {
+	At       time.Duration // from the start of the run
+	Kind     string
+	Slot     int           // the worker slot (pause, kill)
+	For      time.Duration // how long a pause lasts
+	OffsetMs int64         // clock: the database clock's offset from now on
+}
+
+func (f Fault) String() string {
+	switch f.Kind {
+	case FaultPause:
+		return fmt.Sprintf("%6.2fs pause worker slot %d for %s", f.At.Seconds(), f.Slot, f.For)
+	case FaultKill:
+		return fmt.Sprintf("%6.2fs kill -9 worker slot %d during an operation", f.At.Seconds(), f.Slot)
+	case FaultClock:
+		return fmt.Sprintf("%6.2fs database clock offset → %+dms", f.At.Seconds(), f.OffsetMs)
+	}
+	return fmt.Sprintf("%6.2fs %s", f.At.Seconds(), f.Kind)
+}
+
+// Plan derives the nemesis's schedule from the seed: the same seed, duration, worker count and
+// fault list give the same plan. Only the parent's faults are planned (drop-reply is drawn by
+// each worker from its own seed). Faults run one after another, a pause always longer than
+// the longest TTL.
+func Plan(seed uint64, duration time.Duration, workers int, faults []string) []Fault {
+	rng := rand.New(rand.NewPCG(seed, 0x6e656d65736973))
+	var kinds []string
+	weights := map[string]int{FaultPause: 4, FaultKill: 3, FaultClock: 2, FaultRestart: 1}
+	for _, f := range faults {
+		for range weights[f] {
+			kinds = append(kinds, f)
+		}
+	}
+	if len(kinds) == 0 || workers < 1 {
+		return nil
+	}
+	var (
+		plan        []Fault
+		offset      int64
+		lastRestart = -time.Hour
+	)
+	at := time.Second + time.Duration(rng.Int64N(int64(time.Second)))
+	for at < duration-2*time.Second {
+		f := Fault{At: at, Kind: kinds[rng.IntN(len(kinds))], Slot: rng.IntN(workers)}
+		busy := time.Duration(0)
+		switch f.Kind {
+		case FaultPause:
+			f.For = TTLMax + 200*time.Millisecond + time.Duration(rng.Int64N(int64(1500*time.Millisecond)))
+			busy = f.For
+		case FaultKill:
+			busy = 300 * time.Millisecond
+		case FaultClock:
+			// Jump away from the true clock, then back to it: forward makes leases expire
+			// early, backward keeps them alive longer.
+			if offset == 0 {
+				jump := int64(TTLMax/time.Millisecond) + rng.Int64N(2000)
+				if rng.Float64() < 0.4 {
+					jump = -jump
+				}
+				offset = jump
+			} else {
+				offset = 0
+			}
+			f.OffsetMs = offset
+		case FaultRestart:
+			if at-lastRestart < 8*time.Second { // restarts are heavy: at most one per 8s
+				at += time.Second
+				continue
+			}
+			lastRestart = at
+			busy = 3 * time.Second
+		}
+		plan = append(plan, f)
+		at += busy + 500*time.Millisecond + time.Duration(rng.Int64N(int64(1500*time.Millisecond)))
+	}
+	return plan
+}
+
+// WorkerSeed is the seed of the n-th worker process started (1-based, replacements included).
+func WorkerSeed(seed uint64, n int) uint64 {
+	z := seed + uint64(n)*0x9e3779b97f4a7c15 // splitmix64
+	z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9
+	z = (z ^ (z >> 27)) * 0x94d049bb133111eb
+	return z ^ (z >> 31)
+}
