@@ -38,6 +38,11 @@ type Driver struct {
 	db    *sql.DB
 	owned bool
 	clock string // replaces nowMicros in every statement when set (WithClockOffsetFile)
+	// writes lets one of this driver's writes at a time reach SQLite. SQLite admits one writer
+	// anyway; without this, goroutines of one process would meet in SQLite's busy handler,
+	// whose growing back-off can starve one writer past the busy timeout (measured: see
+	// docs/BENCHMARKS.md). Other processes still meet in the busy handler.
+	writes chan struct{}
 }
 
 var _ driver.Driver = (*Driver)(nil)
@@ -45,7 +50,7 @@ var _ driver.Driver = (*Driver)(nil)
 // New returns a driver over a handle the caller opened and keeps ownership of. The handle must
 // use the "sqlite" driver (modernc.org/sqlite) with a busy timeout, WAL journal mode and
 // synchronous=FULL on every connection; DSN builds a data source name that does so.
-func New(db *sql.DB) *Driver { return &Driver{db: db} }
+func New(db *sql.DB) *Driver { return &Driver{db: db, writes: make(chan struct{}, 1)} }
 
 // DSN returns the data source name Open uses for the database file at path: WAL,
 // synchronous=FULL (so an acknowledged generation survives power loss), a 10 s busy timeout,
@@ -66,7 +71,7 @@ func Open(path string, opts ...Option) (*Driver, error) {
 	if path == "" {
 		return nil, errors.New("open sqlite: the path is empty")
 	}
-	d := &Driver{owned: true}
+	d := &Driver{owned: true, writes: make(chan struct{}, 1)}
 	for _, o := range opts {
 		if err := o(d); err != nil {
 			return nil, fmt.Errorf("open sqlite %s: %w", path, err)
@@ -205,13 +210,23 @@ func (d *Driver) Migrate(ctx context.Context) error {
 var _ driver.DurabilityChecker = (*Driver)(nil)
 
 func (d *Driver) Provision(ctx context.Context, resource string) error {
-	_, err := d.db.ExecContext(ctx, d.q(sqlProvision), resource)
+	release, err := d.write(ctx)
+	if err != nil {
+		return err
+	}
+	defer release()
+	_, err = d.db.ExecContext(ctx, d.q(sqlProvision), resource)
 	return err
 }
 
 func (d *Driver) Acquire(ctx context.Context, resource, owner string, ttl time.Duration) (driver.Grant, error) {
 	var epoch, gen, until int64
+	release, err := d.write(ctx)
+	if err != nil {
+		return driver.Grant{}, err
+	}
 	ok, err := queryOne(ctx, d.db, d.q(sqlAcquire), []any{resource, owner, ttl.Microseconds()}, &epoch, &gen, &until)
+	release()
 	if err != nil {
 		return driver.Grant{}, classify(err)
 	}
@@ -227,6 +242,11 @@ func (d *Driver) Acquire(ctx context.Context, resource, owner string, ttl time.D
 }
 
 func (d *Driver) Renew(ctx context.Context, l driver.LeaseRef, ttl time.Duration) (time.Time, bool, error) {
+	release, err := d.write(ctx)
+	if err != nil {
+		return time.Time{}, false, err
+	}
+	defer release()
 	var until int64
 	ok, err := queryOne(ctx, d.db, d.q(sqlRenew), []any{l.Resource, l.Owner, l.Generation, l.Epoch, ttl.Microseconds()}, &until)
 	if !ok || err != nil {
@@ -246,9 +266,14 @@ func (d *Driver) PublishAndRelease(ctx context.Context, l driver.LeaseRef, pub d
 // publish runs the conditional UPDATE and records the operation id as accepted, in one
 // IMMEDIATE transaction: both happen or neither does.
 func (d *Driver) publish(ctx context.Context, query string, l driver.LeaseRef, pub driver.Publication) (bool, error) {
+	release, err := d.write(ctx)
+	if err != nil {
+		return false, err
+	}
+	defer release()
 	args := []any{l.Resource, l.Owner, l.Generation, l.Epoch, nonNil(pub.Payload), pub.SourceVersion, pub.OpID}
 	var ok bool
-	err := d.immediate(ctx, func(conn *sql.Conn) error {
+	err = d.immediate(ctx, func(conn *sql.Conn) error {
 		res, err := conn.ExecContext(ctx, d.q(query), args...)
 		if err != nil {
 			return err
@@ -270,6 +295,11 @@ func (d *Driver) publish(ctx context.Context, query string, l driver.LeaseRef, p
 }
 
 func (d *Driver) Release(ctx context.Context, l driver.LeaseRef) (bool, error) {
+	release, err := d.write(ctx)
+	if err != nil {
+		return false, err
+	}
+	defer release()
 	ok, err := execOne(ctx, d.db, d.q(sqlRelease), l.Resource, l.Owner, l.Generation, l.Epoch)
 	return ok, classify(err)
 }
@@ -317,6 +347,11 @@ func (d *Driver) ReadPayload(ctx context.Context, resource string) ([]byte, int6
 }
 
 func (d *Driver) ResolveOperation(ctx context.Context, opID string) (driver.Operation, error) {
+	release, err := d.write(ctx)
+	if err != nil {
+		return driver.Operation{}, err
+	}
+	defer release()
 	return d.operation(ctx, sqlResolve, opID)
 }
 
@@ -341,8 +376,13 @@ func (d *Driver) operation(ctx context.Context, query, opID string) (driver.Oper
 
 // BumpEpoch advances the epoch and frees every lease in one IMMEDIATE transaction.
 func (d *Driver) BumpEpoch(ctx context.Context) (int64, error) {
+	release, err := d.write(ctx)
+	if err != nil {
+		return 0, err
+	}
+	defer release()
 	var epoch int64
-	err := d.immediate(ctx, func(conn *sql.Conn) error {
+	err = d.immediate(ctx, func(conn *sql.Conn) error {
 		if err := conn.QueryRowContext(ctx, d.q(sqlBumpEpoch)).Scan(&epoch); err != nil {
 			return err
 		}
@@ -353,6 +393,11 @@ func (d *Driver) BumpEpoch(ctx context.Context) (int64, error) {
 }
 
 func (d *Driver) PruneOperations(ctx context.Context, age time.Duration) (int64, error) {
+	release, err := d.write(ctx)
+	if err != nil {
+		return 0, err
+	}
+	defer release()
 	res, err := d.db.ExecContext(ctx, d.q(sqlPrune), age.Microseconds())
 	if err != nil {
 		return 0, err
@@ -385,6 +430,17 @@ func (d *Driver) CheckDurability(ctx context.Context) ([]string, error) {
 		out = append(out, fmt.Sprintf("SQLite journal_mode is %s: a crash can corrupt or undo commits", j))
 	}
 	return out, nil
+}
+
+// write waits for this driver's turn to write; the caller runs the returned release. Waiting is
+// cut short by ctx, before anything was sent.
+func (d *Driver) write(ctx context.Context) (release func(), err error) {
+	select {
+	case d.writes <- struct{}{}:
+		return func() { <-d.writes }, nil
+	case <-ctx.Done():
+		return nil, driver.NotApplied(ctx.Err())
+	}
 }
 
 // immediate runs fn inside BEGIN IMMEDIATE ... COMMIT on one connection, so that the write lock

@@ -1,9 +1,9 @@
 package drivertest
 
 import (
+	"bytes"
 	"context"
 	"errors"
-	"io"
 	"net"
 	"sync"
 	"testing"
@@ -25,6 +25,8 @@ type Proxy struct {
 
 	mu      sync.Mutex
 	armed   bool
+	marker  []byte        // when set, only a connection whose request carried it is armed
+	marked  net.Conn      // the server connection whose next reply is lost
 	dropped chan struct{}
 	conns   map[net.Conn]struct{}
 	closed  bool
@@ -56,6 +58,25 @@ func (p *Proxy) LoseNextReply() {
 	defer p.mu.Unlock()
 	p.armed = true
 	p.dropped = make(chan struct{})
+}
+
+// LoseReplyTo arms the proxy for one request: after a client sends bytes containing marker (an
+// operation id, say), the next bytes the server sends on that connection are discarded and the
+// connection is closed. Requests before it, on any connection, are answered normally.
+func (p *Proxy) LoseReplyTo(marker []byte) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.armed, p.marker, p.marked = false, append([]byte(nil), marker...), nil
+	p.dropped = make(chan struct{})
+}
+
+// sawRequest arms server's connection if chunk carries the marker.
+func (p *Proxy) sawRequest(server net.Conn, chunk []byte) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.marker != nil && bytes.Contains(chunk, p.marker) {
+		p.marker, p.marked = nil, server
+	}
 }
 
 // Dropped is closed once the armed reply has been lost.
@@ -106,10 +127,22 @@ func (p *Proxy) accept() {
 			continue
 		}
 		p.wg.Add(2)
-		go func() { // client to server: plain copy
+		go func() { // client to server: copied, watching for the marker
 			defer p.wg.Done()
-			_, _ = io.Copy(server, client)
-			_ = server.Close()
+			defer server.Close()
+			buf := make([]byte, 32<<10)
+			for {
+				n, err := client.Read(buf)
+				if n > 0 {
+					p.sawRequest(server, buf[:n])
+					if _, werr := server.Write(buf[:n]); werr != nil {
+						return
+					}
+				}
+				if err != nil {
+					return
+				}
+			}
 		}()
 		go func() { // server to client: the reply that may be lost
 			defer p.wg.Done()
@@ -119,7 +152,7 @@ func (p *Proxy) accept() {
 			for {
 				n, err := server.Read(buf)
 				if n > 0 {
-					if p.takeArmed() {
+					if p.takeArmed(server) {
 						return // both sides are closed by the defers: the reply is gone
 					}
 					if _, werr := client.Write(buf[:n]); werr != nil {
@@ -134,14 +167,18 @@ func (p *Proxy) accept() {
 	}
 }
 
-// takeArmed disarms the proxy and reports whether it was armed.
-func (p *Proxy) takeArmed() bool {
+// takeArmed disarms the proxy and reports whether this server connection's reply is to be lost.
+func (p *Proxy) takeArmed(server net.Conn) bool {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	if !p.armed {
+	switch {
+	case p.armed:
+		p.armed = false
+	case p.marked == server:
+		p.marked = nil
+	default:
 		return false
 	}
-	p.armed = false
 	close(p.dropped)
 	return true
 }
