@@ -62,37 +62,40 @@ func BenchmarkProtocol(b *testing.B) {
 	})
 	drivertest.Bench(b, drivertest.BenchTarget{
 		Open: func(b *testing.B) driver.Driver { return open(b) },
-		Raw:  func(b *testing.B) drivertest.Raw { d := open(b); return raw{d.client, d.Key} },
+		Raw:  func(b *testing.B) drivertest.Raw { d := open(b); return raw{d} },
 	})
 }
 
-// raw is the baseline: each script run directly with go-redis, as hand-written code would.
-type raw struct {
-	c   goredis.UniversalClient
-	key func(resource string) string
-}
+// raw is the baseline: each script run directly with go-redis, as hand-written code would,
+// with the same keys (the publication scripts record the operation id too).
+type raw struct{ d *Driver }
 
-func (r raw) Acquire(ctx context.Context, resource, owner string, ttl time.Duration) (int64, bool, error) {
-	v, err := scriptAcquire.Run(ctx, r.c, []string{r.key(resource)}, owner, ttl.Microseconds()).Int64Slice()
+func (r raw) Acquire(ctx context.Context, resource, owner string, ttl time.Duration) (driver.Grant, bool, error) {
+	v, err := scriptAcquire.Run(ctx, r.d.client, r.d.leaseKeys(resource), owner, ttl.Microseconds()).Int64Slice()
 	if err != nil {
-		return 0, false, err
+		return driver.Grant{}, false, err
 	}
-	return v[1], v[0] == 1, nil
+	return driver.Grant{Epoch: v[1], Generation: v[2]}, v[0] == 1, nil
 }
 
-func (r raw) one(ctx context.Context, s *goredis.Script, resource string, args ...any) (bool, error) {
-	n, err := s.Run(ctx, r.c, []string{r.key(resource)}, args...).Int64()
+func (r raw) one(ctx context.Context, s *goredis.Script, keys []string, args ...any) (bool, error) {
+	n, err := s.Run(ctx, r.d.client, keys, args...).Int64()
 	return n == 1, err
 }
 
-func (r raw) Publish(ctx context.Context, resource, owner string, gen int64, p []byte) (bool, error) {
-	return r.one(ctx, scriptPublish, resource, owner, gen, p)
+func (r raw) publish(ctx context.Context, s *goredis.Script, l driver.LeaseRef, p driver.Publication) (bool, error) {
+	keys := []string{r.d.Key(l.Resource), r.d.epochKey(), r.d.OperationKey(p.OpID)}
+	return r.one(ctx, s, keys, l.Owner, l.Generation, l.Epoch, p.Payload, p.SourceVersion, l.Resource)
 }
 
-func (r raw) PublishAndRelease(ctx context.Context, resource, owner string, gen int64, p []byte) (bool, error) {
-	return r.one(ctx, scriptPublishAndRelease, resource, owner, gen, p)
+func (r raw) Publish(ctx context.Context, l driver.LeaseRef, p driver.Publication) (bool, error) {
+	return r.publish(ctx, scriptPublish, l, p)
 }
 
-func (r raw) Release(ctx context.Context, resource, owner string, gen int64) (bool, error) {
-	return r.one(ctx, scriptRelease, resource, owner, gen)
+func (r raw) PublishAndRelease(ctx context.Context, l driver.LeaseRef, p driver.Publication) (bool, error) {
+	return r.publish(ctx, scriptPublishAndRelease, l, p)
+}
+
+func (r raw) Release(ctx context.Context, l driver.LeaseRef) (bool, error) {
+	return r.one(ctx, scriptRelease, r.d.leaseKeys(l.Resource), l.Owner, l.Generation, l.Epoch)
 }

@@ -1,13 +1,23 @@
-// Package redis runs the fenced protocol on Redis 7 or later, through go-redis.
+// Package redis runs the fenced protocol on one Redis 7 (or later) server, through go-redis.
 //
 // Each resource is one hash, stored under Options.KeyPrefix + "r:{" + name + "}", and each
-// operation is one Lua script on that key: Redis runs a script to its end before it serves
-// anything else, so the conditional check and the write are one atomic step on the server.
-// Expiry is judged by the server's clock (TIME, read inside the script), never by a client's;
-// that is the primary's wall clock, so a step of that clock moves every expiry with it.
-// The lease is a field compared with TIME, not a key expiry: the hash is never deleted, and its
-// generation survives every release and expiry. One key per resource keeps each script inside
-// one hash slot, so the scripts also run on Redis Cluster (pass a *redis.ClusterClient to New).
+// operation is one Lua script: Redis runs a script to its end before it serves anything else,
+// so the conditional check and the writes are one atomic step on the server. Expiry is judged
+// by the server's clock (TIME, read inside the script), never by a client's; that is the
+// primary's wall clock, so a step of that clock moves every expiry with it. The lease is a
+// field compared with TIME, not a key expiry: the hash is never deleted, and its generation
+// survives every release and expiry. scripts.go describes the keys and fields.
+//
+// # One server, not Redis Cluster
+//
+// A lease-carrying script reads the store's epoch key besides the resource's hash, and a
+// publication records its operation id under a key of its own in the same script. Those keys
+// live in different hash slots, so the scripts cannot run on Redis Cluster, and they are
+// flagged no-cluster: a cluster node refuses them before running anything, and Migrate refuses a
+// *redis.ClusterClient. Putting every key under the resource's hash tag would make them run,
+// but then an operation id could only be found together with its resource, and Resolve takes
+// the id alone; the epoch would also have to be copied into every slot. A single primary
+// (optionally with replicas and Sentinel, see below) is the supported deployment.
 //
 // # Durability and failover
 //
@@ -19,18 +29,25 @@
 //
 // With RDB snapshots only, or appendfsync everysec, a crash can lose the last acknowledged
 // acquisitions, and an old token becomes valid again after the restart. Replication is
-// asynchronous: when a replica is promoted (Sentinel, Cluster failover) it may lack the newest
+// asynchronous: when a replica is promoted (Sentinel failover) it may lack the newest
 // acquisitions, which rolls generations back in the same way (WAIT after each write would not
-// change that: the failover need not pick a replica that acknowledged). The fence therefore holds for a single primary with an fsync'ed append-only
-// file, and not across failovers. Driver.CheckDurability reports a server configured otherwise.
+// change that: the failover need not pick a replica that acknowledged). After such a restart,
+// restore or failover, advance the epoch (fenced epoch bump): every earlier token is then
+// refused. Redis has no incarnation this driver could compare (the run id changes at every
+// restart, restored or not), so the driver never reports driver.ErrIncarnationChanged; the bump
+// is the operator's step. Driver.CheckDurability reports a server configured otherwise.
 //
-// # Retries
+// # Unknown outcomes and retries
 //
-// A lost reply leaves an operation's outcome unknown; go-redis would resend the script on the
-// next connection, which can turn "may have happened" into a refusal (a resent publication is
-// refused as already published). Open disables go-redis retries; a client passed to New should
-// be built with MaxRetries: -1 for the same reason. A resent acquisition is recognised by its
-// owner and returns its own grant.
+// A script whose reply was lost may have run. go-redis would resend it on the next connection,
+// which can turn "may have happened" into a wrong refusal (a resent publication is refused as
+// already published), so Open disables go-redis retries; a client passed to New should be
+// built with MaxRetries: -1 for the same reason. An error is reported as not applied
+// (driver.ErrNotApplied) only when the script certainly did not run or wrote nothing: the
+// context was done before sending, no connection could be had (dial failure, pool timeout,
+// closed client), or the server answered with an error, since every script checks everything
+// before its first write (scripts.go). A read or write error on the connection after sending,
+// or a timeout waiting for the reply, leaves the outcome unknown.
 //
 // # Payloads
 //
@@ -44,7 +61,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net"
 	"net/url"
+	"strconv"
+	"strings"
 	"time"
 
 	goredis "github.com/redis/go-redis/v9"
@@ -55,8 +75,9 @@ import (
 // DefaultKeyPrefix is Options.KeyPrefix when it is empty.
 const DefaultKeyPrefix = "fenced:"
 
-// schemaVersion is the layout of the hashes that this driver reads and writes.
-const schemaVersion = 1
+// schemaVersion is the layout of the keys that this driver reads and writes. Version 2 added
+// the epoch key, operation records and source versions.
+const schemaVersion = 2
 
 // Options configures a Driver. A nil *Options means the defaults. Options is read once by New
 // and may be reused afterwards.
@@ -127,60 +148,77 @@ func (d *Driver) Close() error {
 	return nil
 }
 
-// CheckDurability returns an error unless the server the client reaches runs with
+var _ driver.DurabilityChecker = (*Driver)(nil)
+
+// CheckDurability returns a warning unless the server the client reaches runs with
 // appendonly yes and appendfsync always, the configuration under which an acknowledged
 // generation survives a crash. It needs the CONFIG command, which some hosted services refuse;
-// on Redis Cluster it checks one node, so check each primary separately.
-func (d *Driver) CheckDurability(ctx context.Context) error {
+// when the settings cannot be read that is itself the warning (the store would otherwise not
+// open against such a service, or while the server is down).
+func (d *Driver) CheckDurability(ctx context.Context) ([]string, error) {
 	cfg, err := d.client.ConfigGet(ctx, "append*").Result()
 	if err != nil {
-		return fmt.Errorf("read redis config: %w", err)
+		return []string{fmt.Sprintf("the Redis durability settings could not be read (%v); check that appendonly is yes and appendfsync is always", err)}, nil
 	}
-	if cfg["appendonly"] != "yes" || cfg["appendfsync"] != "always" {
-		return fmt.Errorf("check durability: appendonly is %q and appendfsync is %q; a crash can lose acknowledged generations unless they are \"yes\" and \"always\"",
-			cfg["appendonly"], cfg["appendfsync"])
+	var out []string
+	if v := cfg["appendonly"]; v != "yes" {
+		out = append(out, fmt.Sprintf("Redis appendonly is %q, not \"yes\": a crash loses every write since the last snapshot", v))
 	}
-	return nil
+	if v := cfg["appendfsync"]; v != "always" {
+		out = append(out, fmt.Sprintf("Redis appendfsync is %q, not \"always\": a crash can lose acknowledged writes", v))
+	}
+	return out, nil
 }
 
-// Migrate has no schema to create: it records the layout version under KeyPrefix + "schema"
-// and refuses to work on data that a newer layout wrote.
+// Migrate has no schema to create: it records the layout version under KeyPrefix + "schema",
+// creates the epoch key (KeyPrefix + "epoch") at 1 where it is absent, and refuses to work on
+// data that a newer layout wrote. It also loads every script into the server's cache, so that
+// the first run of each is a single EVALSHA.
 func (d *Driver) Migrate(ctx context.Context) error {
+	if _, ok := d.client.(*goredis.ClusterClient); ok {
+		return errors.New("migrate: Redis Cluster is not supported (see the package documentation)")
+	}
 	key := d.prefix + "schema"
-	v, err := d.run(ctx, scriptMigrate, "migrate", key, schemaVersion).Int64()
+	v, err := d.run(ctx, scriptMigrate, "migrate", []string{key, d.epochKey()}, schemaVersion).Int64()
 	if err != nil {
 		return err
 	}
 	if v > schemaVersion {
 		return fmt.Errorf("check schema: %s records version %d; this driver knows version %d", key, v, schemaVersion)
 	}
+	for _, s := range allScripts {
+		if err := s.Load(ctx, d.client).Err(); err != nil {
+			return fmt.Errorf("load scripts: %w", err)
+		}
+	}
 	return nil
 }
 
 func (d *Driver) Provision(ctx context.Context, resource string) error {
-	return d.run(ctx, scriptProvision, "provision", d.Key(resource)).Err()
+	return d.run(ctx, scriptProvision, "provision", []string{d.Key(resource)}).Err()
 }
 
 func (d *Driver) Acquire(ctx context.Context, resource, owner string, ttl time.Duration) (driver.Grant, error) {
-	r, err := d.run(ctx, scriptAcquire, "acquire", d.Key(resource), owner, ttl.Microseconds()).Int64Slice()
+	r, err := d.run(ctx, scriptAcquire, "acquire", d.leaseKeys(resource), owner, ttl.Microseconds()).Int64Slice()
 	if err != nil {
 		return driver.Grant{}, err
 	}
-	if len(r) != 3 {
-		return driver.Grant{}, fmt.Errorf("read acquire reply: %d values, want 3", len(r))
+	if len(r) != 4 {
+		return driver.Grant{}, fmt.Errorf("read acquire reply: %d values, want 4", len(r))
 	}
 	switch r[0] {
 	case 1:
-		return driver.Grant{Generation: r[1], LeaseUntil: fromMicros(r[2])}, nil
+		return driver.Grant{Epoch: r[1], Generation: r[2], LeaseUntil: fromMicros(r[3])}, nil
 	case 0:
-		return driver.Grant{}, &driver.BusyError{Generation: r[1], LeaseUntil: fromMicros(r[2])}
+		return driver.Grant{}, &driver.BusyError{Epoch: r[1], Generation: r[2], LeaseUntil: fromMicros(r[3])}
 	default:
 		return driver.Grant{}, driver.ErrNotFound
 	}
 }
 
 func (d *Driver) Renew(ctx context.Context, l driver.LeaseRef, ttl time.Duration) (time.Time, bool, error) {
-	until, err := d.run(ctx, scriptRenew, "renew", d.Key(l.Resource), l.Owner, l.Generation, ttl.Microseconds()).Int64()
+	until, err := d.run(ctx, scriptRenew, "renew", d.leaseKeys(l.Resource),
+		l.Owner, l.Generation, l.Epoch, ttl.Microseconds()).Int64()
 	if err != nil || until == 0 {
 		return time.Time{}, false, err
 	}
@@ -188,34 +226,40 @@ func (d *Driver) Renew(ctx context.Context, l driver.LeaseRef, ttl time.Duration
 }
 
 func (d *Driver) Publish(ctx context.Context, l driver.LeaseRef, pub driver.Publication) (bool, error) {
-	payload := pub.Payload // TODO(issue 4): epoch, operation id and source version
-	return d.ok(ctx, scriptPublish, "publish", d.Key(l.Resource), l.Owner, l.Generation, payload)
+	return d.publish(ctx, scriptPublish, "publish", l, pub)
 }
 
 func (d *Driver) PublishAndRelease(ctx context.Context, l driver.LeaseRef, pub driver.Publication) (bool, error) {
-	payload := pub.Payload // TODO(issue 4): epoch, operation id and source version
-	return d.ok(ctx, scriptPublishAndRelease, "publish-and-release", d.Key(l.Resource), l.Owner, l.Generation, payload)
+	return d.publish(ctx, scriptPublishAndRelease, "publish-and-release", l, pub)
+}
+
+// publish runs one publication script: the payload and the accepted operation record are
+// written by the same script, so both happen or neither does.
+func (d *Driver) publish(ctx context.Context, s *goredis.Script, name string, l driver.LeaseRef, pub driver.Publication) (bool, error) {
+	keys := []string{d.Key(l.Resource), d.epochKey(), d.OperationKey(pub.OpID)}
+	return d.ok(ctx, s, name, keys, l.Owner, l.Generation, l.Epoch, pub.Payload, pub.SourceVersion, l.Resource)
 }
 
 func (d *Driver) Release(ctx context.Context, l driver.LeaseRef) (bool, error) {
-	return d.ok(ctx, scriptRelease, "release", d.Key(l.Resource), l.Owner, l.Generation)
+	return d.ok(ctx, scriptRelease, "release", d.leaseKeys(l.Resource), l.Owner, l.Generation, l.Epoch)
 }
 
 func (d *Driver) Read(ctx context.Context, resource string) (driver.State, error) {
-	r, err := d.run(ctx, scriptRead, "read", d.Key(resource)).Slice()
+	r, err := d.run(ctx, scriptRead, "read", d.leaseKeys(resource)).Slice()
 	if err != nil {
 		return driver.State{}, err
 	}
-	if len(r) != 8 {
-		return driver.State{}, fmt.Errorf("read read reply: %d values, want 8", len(r))
+	const fields = 12
+	if len(r) != fields {
+		return driver.State{}, fmt.Errorf("read read reply: %d values, want %d", len(r), fields)
 	}
 	var (
-		n     [8]int64
+		n     [fields]int64
 		owner string
 	)
 	for i, v := range r {
 		var ok bool
-		if i == 2 {
+		if i == 3 {
 			owner, ok = v.(string)
 		} else {
 			n[i], ok = v.(int64)
@@ -229,18 +273,22 @@ func (d *Driver) Read(ctx context.Context, resource string) (driver.State, error
 	}
 	return driver.State{
 		Resource:            resource,
-		Generation:          n[1],
+		Epoch:               n[1],
+		Generation:          n[2],
 		Owner:               owner,
-		LeaseUntil:          fromMicros(n[3]),
-		PublishedGeneration: n[4],
-		PublishedAt:         fromMicros(n[5]),
-		PayloadSize:         n[6],
-		Now:                 fromMicros(n[7]),
+		LeaseUntil:          fromMicros(n[4]),
+		PublishedEpoch:      n[5],
+		PublishedGeneration: n[6],
+		PublishedAt:         fromMicros(n[7]),
+		SourceVersion:       n[8],
+		PayloadSize:         n[9],
+		CurrentEpoch:        n[10],
+		Now:                 fromMicros(n[11]),
 	}, nil
 }
 
 func (d *Driver) ReadPayload(ctx context.Context, resource string) ([]byte, int64, error) {
-	r, err := d.run(ctx, scriptReadPayload, "read-payload", d.Key(resource)).Slice()
+	r, err := d.run(ctx, scriptReadPayload, "read-payload", []string{d.Key(resource)}).Slice()
 	if err != nil {
 		return nil, 0, err
 	}
@@ -261,23 +309,169 @@ func (d *Driver) ReadPayload(ctx context.Context, resource string) ([]byte, int6
 	return []byte(payload), gen, nil
 }
 
-// run runs one script on one key (EVALSHA, falling back to EVAL when the server has not cached
-// it) and wraps its error in one place.
-func (d *Driver) run(ctx context.Context, s *goredis.Script, name, key string, args ...any) *goredis.Cmd {
-	cmd := s.Run(ctx, d.client, []string{key}, args...)
+func (d *Driver) ResolveOperation(ctx context.Context, opID string) (driver.Operation, error) {
+	return d.operation(ctx, scriptResolve, "resolve", opID)
+}
+
+func (d *Driver) ReadOperation(ctx context.Context, opID string) (driver.Operation, error) {
+	return d.operation(ctx, scriptReadOperation, "read-operation", opID)
+}
+
+// operation runs a script that returns an operation record's fields {outcome, resource, epoch,
+// generation, recorded_at_us}, each a string or nil when absent.
+func (d *Driver) operation(ctx context.Context, s *goredis.Script, name, opID string) (driver.Operation, error) {
+	op := driver.Operation{OpID: opID}
+	r, err := d.run(ctx, s, name, []string{d.OperationKey(opID)}).Slice()
+	if err != nil {
+		return op, err
+	}
+	if len(r) != 5 {
+		return op, fmt.Errorf("read %s reply: %d values, want 5", name, len(r))
+	}
+	str := make([]string, len(r))
+	for i, v := range r {
+		switch v := v.(type) {
+		case nil:
+		case string:
+			str[i] = v
+		default:
+			return op, fmt.Errorf("read %s reply: value %d is %T", name, i, v)
+		}
+	}
+	num := func(i int) (int64, error) {
+		if str[i] == "" {
+			return 0, nil
+		}
+		n, err := strconv.ParseInt(str[i], 10, 64)
+		if err != nil {
+			return 0, fmt.Errorf("read %s reply: %w", name, err)
+		}
+		return n, nil
+	}
+	op.Outcome, op.Resource = str[0], str[1]
+	var at int64
+	for i, dst := range []*int64{&op.Epoch, &op.Generation, &at} {
+		if *dst, err = num(i + 2); err != nil {
+			return driver.Operation{OpID: opID}, err
+		}
+	}
+	op.RecordedAt = fromMicros(at)
+	return op, nil
+}
+
+// BumpEpoch increments the epoch key, which fences every lease of an earlier epoch at once:
+// every lease-carrying script compares the lease's epoch with the current one (scripts.go).
+func (d *Driver) BumpEpoch(ctx context.Context) (int64, error) {
+	return d.run(ctx, scriptBumpEpoch, "bump-epoch", []string{d.epochKey()}).Int64()
+}
+
+// pruneBatch bounds the keys one prune script declares (and unpacks into one DEL).
+const pruneBatch = 500
+
+// PruneOperations lists the operation keys with SCAN and deletes those recorded before the
+// server's now - age, a batch of keys per script. Each script checks the age of every key it
+// deletes, so a record written since the SCAN is never deleted early; the whole prune is not
+// one atomic step, and need not be.
+func (d *Driver) PruneOperations(ctx context.Context, age time.Duration) (int64, error) {
+	var total int64
+	flush := func(keys []string) error {
+		if len(keys) == 0 {
+			return nil
+		}
+		n, err := d.run(ctx, scriptPrune, "prune", keys, age.Microseconds()).Int64()
+		total += n
+		return err
+	}
+	var batch []string
+	iter := d.client.Scan(ctx, 0, escapeGlob(d.prefix)+"op:*", pruneBatch).Iterator()
+	for iter.Next(ctx) {
+		if batch = append(batch, iter.Val()); len(batch) == pruneBatch {
+			if err := flush(batch); err != nil {
+				return total, err
+			}
+			batch = batch[:0]
+		}
+	}
+	if err := iter.Err(); err != nil {
+		return total, fmt.Errorf("scan operation keys: %w", err)
+	}
+	return total, flush(batch)
+}
+
+// OperationKey returns the key of an operation id's record, for inspection with redis-cli.
+func (d *Driver) OperationKey(opID string) string { return d.prefix + "op:" + opID }
+
+func (d *Driver) epochKey() string { return d.prefix + "epoch" }
+
+// leaseKeys are the keys of every lease-carrying script: the resource's hash and the epoch.
+func (d *Driver) leaseKeys(resource string) []string {
+	return []string{d.Key(resource), d.epochKey()}
+}
+
+// run runs one script (EVALSHA, falling back to EVAL when the server has not cached it) and
+// classifies and wraps its error in one place. A context already done is reported before
+// anything is sent.
+func (d *Driver) run(ctx context.Context, s *goredis.Script, name string, keys []string, args ...any) *goredis.Cmd {
+	if err := ctx.Err(); err != nil {
+		cmd := goredis.NewCmd(ctx)
+		cmd.SetErr(fmt.Errorf("run %s script: %w", name, driver.NotApplied(err)))
+		return cmd
+	}
+	cmd := s.Run(ctx, d.client, keys, args...)
 	if err := cmd.Err(); err != nil {
-		cmd.SetErr(fmt.Errorf("run %s script: %w", name, err))
+		cmd.SetErr(fmt.Errorf("run %s script: %w", name, classify(err)))
 	}
 	return cmd
 }
 
+// classify marks the errors after which a script certainly did not take effect:
+//   - a server error reply: the script was refused before it ran (NOSCRIPT, a flags check such
+//     as OOM or READONLY, a wrong number of keys) or raised an error, which every script does
+//     only before its first write (see scripts.go), so nothing was written;
+//   - no connection: dialing failed, the pool had none to give, or the client was closed;
+//     nothing was sent.
+//
+// Anything else (a broken connection, a read timeout, a context that ended while waiting for
+// the reply) may come after the server ran the script, and stays an unknown outcome. A nil
+// reply is not an error reply: the script ran to its end.
+func classify(err error) error {
+	var (
+		serverErr goredis.Error
+		opErr     *net.OpError
+	)
+	switch {
+	case err == nil || errors.Is(err, goredis.Nil):
+		return err
+	case errors.As(err, &serverErr):
+		return driver.NotApplied(err)
+	case errors.Is(err, goredis.ErrClosed), errors.Is(err, goredis.ErrPoolTimeout), errors.Is(err, goredis.ErrPoolExhausted):
+		return driver.NotApplied(err)
+	case errors.As(err, &opErr) && opErr.Op == "dial":
+		return driver.NotApplied(err)
+	}
+	return err
+}
+
 // ok runs a script that returns 1 when it changed the row and 0 when its condition refused.
-func (d *Driver) ok(ctx context.Context, s *goredis.Script, name, key string, args ...any) (bool, error) {
-	n, err := d.run(ctx, s, name, key, args...).Int64()
+func (d *Driver) ok(ctx context.Context, s *goredis.Script, name string, keys []string, args ...any) (bool, error) {
+	n, err := d.run(ctx, s, name, keys, args...).Int64()
 	if err != nil {
 		return false, err
 	}
 	return n == 1, nil
+}
+
+// escapeGlob quotes the characters SCAN MATCH treats as a pattern, so that a key prefix is
+// matched literally.
+func escapeGlob(s string) string {
+	var b strings.Builder
+	for _, c := range s {
+		if strings.ContainsRune(`*?[]\`, c) {
+			b.WriteByte('\\')
+		}
+		b.WriteRune(c)
+	}
+	return b.String()
 }
 
 // fromMicros converts server microseconds; 0 is an absent field and becomes the zero time.
@@ -286,22 +480,4 @@ func fromMicros(us int64) time.Time {
 		return time.Time{}
 	}
 	return time.UnixMicro(us).UTC()
-}
-
-// TODO(issue 4): the recovery features below are being implemented for this backend; until then
-// they fail loudly and the conformance suite's tests for them fail.
-var errIssue4Pending = errors.New("redis backend: epochs, operation ids and source versions are not implemented yet")
-
-func (d *Driver) ResolveOperation(context.Context, string) (driver.Operation, error) {
-	return driver.Operation{}, errIssue4Pending
-}
-
-func (d *Driver) ReadOperation(context.Context, string) (driver.Operation, error) {
-	return driver.Operation{}, errIssue4Pending
-}
-
-func (d *Driver) BumpEpoch(context.Context) (int64, error) { return 0, errIssue4Pending }
-
-func (d *Driver) PruneOperations(context.Context, time.Duration) (int64, error) {
-	return 0, errIssue4Pending
 }

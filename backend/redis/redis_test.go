@@ -107,10 +107,41 @@ func newTarget(t *testing.T) drivertest.Target {
 		Expire: func(ctx context.Context, resource string) error {
 			return expireScript.Run(ctx, admin.Client(), []string{admin.Key(resource)}).Err()
 		},
+		LostReply: func(t *testing.T) (driver.Driver, func()) {
+			u, err := url.Parse(rawURL)
+			if err != nil {
+				t.Fatal(err)
+			}
+			proxy := drivertest.StartProxy(t, u.Host)
+			u.Host = proxy.Addr()
+			return open(t, u.String()), func() {
+				// The scripts must be cached: a NOSCRIPT answer to EVALSHA would be the reply the
+				// proxy drops, and the script would never run.
+				if err := admin.Migrate(context.Background()); err != nil {
+					t.Fatal(err)
+				}
+				proxy.LoseNextReply()
+			}
+		},
+		Unreachable: func(t *testing.T) driver.Driver {
+			return open(t, "redis://"+drivertest.ClosedAddr(t)+"/0?dial_timeout=1s")
+		},
 	}
 }
 
 func TestConformance(t *testing.T) { drivertest.Run(t, newTarget) }
+
+// migrated opens a driver and runs Migrate, which creates the epoch key every script needs.
+func migrated(t testing.TB, rawURL string) *redis.Driver {
+	t.Helper()
+	d := open(t, rawURL)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if err := d.Migrate(ctx); err != nil {
+		t.Fatal(err)
+	}
+	return d
+}
 
 func testCtx(t *testing.T) context.Context {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
@@ -121,10 +152,7 @@ func testCtx(t *testing.T) context.Context {
 func TestProvisionNeverResetsAfterPublication(t *testing.T) {
 	t.Parallel()
 	rawURL, _ := isolated(t)
-	d, ctx := open(t, rawURL), testCtx(t)
-	if err := d.Migrate(ctx); err != nil {
-		t.Fatal(err)
-	}
+	d, ctx := migrated(t, rawURL), testCtx(t)
 	if err := d.Provision(ctx, "r"); err != nil {
 		t.Fatal(err)
 	}
@@ -132,7 +160,8 @@ func TestProvisionNeverResetsAfterPublication(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	ok, err := d.PublishAndRelease(ctx, driver.LeaseRef{Resource: "r", Owner: "owner-a", Generation: g.Generation}, []byte("v1"))
+	ok, err := d.PublishAndRelease(ctx, driver.LeaseRef{Resource: "r", Owner: "owner-a", Epoch: g.Epoch, Generation: g.Generation},
+		driver.Publication{Payload: []byte("v1"), OpID: "op-1"})
 	if err != nil || !ok {
 		t.Fatalf("publish and release: %v %v", ok, err)
 	}
@@ -170,7 +199,7 @@ func TestProvisionNeverResetsAfterPublication(t *testing.T) {
 func TestLeaseIsNotKeyExpiry(t *testing.T) {
 	t.Parallel()
 	rawURL, _ := isolated(t)
-	d, ctx := open(t, rawURL), testCtx(t)
+	d, ctx := migrated(t, rawURL), testCtx(t)
 	if err := d.Provision(ctx, "r"); err != nil {
 		t.Fatal(err)
 	}
@@ -194,7 +223,7 @@ func TestLeaseIsNotKeyExpiry(t *testing.T) {
 func TestAcquireResentGetsItsOwnGrant(t *testing.T) {
 	t.Parallel()
 	rawURL, _ := isolated(t)
-	d, ctx := open(t, rawURL), testCtx(t)
+	d, ctx := migrated(t, rawURL), testCtx(t)
 	if err := d.Provision(ctx, "r"); err != nil {
 		t.Fatal(err)
 	}
@@ -218,7 +247,7 @@ func TestAcquireResentGetsItsOwnGrant(t *testing.T) {
 func TestForeignValueIsAnError(t *testing.T) {
 	t.Parallel()
 	rawURL, _ := isolated(t)
-	d, ctx := open(t, rawURL), testCtx(t)
+	d, ctx := migrated(t, rawURL), testCtx(t)
 	if err := d.Client().Set(ctx, d.Key("r"), "not a hash", 0).Err(); err != nil {
 		t.Fatal(err)
 	}
@@ -228,15 +257,19 @@ func TestForeignValueIsAnError(t *testing.T) {
 	if _, err := d.Acquire(ctx, "r", "o", time.Minute); err == nil || errors.Is(err, driver.ErrNotFound) {
 		t.Fatalf("acquire over a string: %v", err)
 	}
-	ref := driver.LeaseRef{Resource: "r", Owner: "o", Generation: 1}
+	ref := driver.LeaseRef{Resource: "r", Owner: "o", Epoch: 1, Generation: 1}
 	if _, ok, err := d.Renew(ctx, ref, time.Minute); err == nil || ok {
 		t.Fatalf("renew over a string: %v %v", ok, err)
 	}
-	if ok, err := d.Publish(ctx, ref, []byte("x")); err == nil || ok {
+	if ok, err := d.Publish(ctx, ref, driver.Publication{Payload: []byte("x"), OpID: "op"}); err == nil || ok {
 		t.Fatalf("publish over a string: %v %v", ok, err)
 	}
 	if ok, err := d.Release(ctx, ref); err == nil || ok {
 		t.Fatalf("release over a string: %v %v", ok, err)
+	}
+	// WRONGTYPE is raised by each script's first read, before any write: not applied.
+	if _, err := d.Acquire(ctx, "r", "o", time.Minute); !errors.Is(err, driver.ErrNotApplied) {
+		t.Fatalf("acquire over a string: %v, want not applied", err)
 	}
 	if _, err := d.Read(ctx, "r"); err == nil || errors.Is(err, driver.ErrNotFound) {
 		t.Fatalf("read over a string: %v", err)
@@ -252,10 +285,10 @@ func TestMigrateRefusesNewerSchema(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	if v, err := d.Client().Get(ctx, prefix+"schema").Result(); err != nil || v != "1" {
+	if v, err := d.Client().Get(ctx, prefix+"schema").Result(); err != nil || v != "2" {
 		t.Fatalf("schema key = %q (%v)", v, err)
 	}
-	for _, v := range []string{"2", "garbage"} {
+	for _, v := range []string{"3", "garbage"} {
 		if err := d.Client().Set(ctx, prefix+"schema", v, 0).Err(); err != nil {
 			t.Fatal(err)
 		}
@@ -269,7 +302,7 @@ func TestOpenAndNew(t *testing.T) {
 	t.Parallel()
 	rawURL, prefix := isolated(t)
 	ctx := testCtx(t)
-	a, b := open(t, rawURL), open(t, rawURL)
+	a, b := migrated(t, rawURL), open(t, rawURL)
 	if a.Key("x") != prefix+"r:{x}" {
 		t.Fatalf("key %q does not use the prefix %q", a.Key("x"), prefix)
 	}
@@ -314,7 +347,7 @@ func TestOpenAndNew(t *testing.T) {
 func TestPayloadBytesSurvive(t *testing.T) {
 	t.Parallel()
 	rawURL, _ := isolated(t)
-	d, ctx := open(t, rawURL), testCtx(t)
+	d, ctx := migrated(t, rawURL), testCtx(t)
 	if err := d.Provision(ctx, "r"); err != nil {
 		t.Fatal(err)
 	}
@@ -326,7 +359,8 @@ func TestPayloadBytesSurvive(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if ok, err := d.Publish(ctx, driver.LeaseRef{Resource: "r", Owner: "o", Generation: g.Generation}, all); err != nil || !ok {
+	ref := driver.LeaseRef{Resource: "r", Owner: "o", Epoch: g.Epoch, Generation: g.Generation}
+	if ok, err := d.Publish(ctx, ref, driver.Publication{Payload: all, OpID: "op"}); err != nil || !ok {
 		t.Fatalf("publish: %v %v", ok, err)
 	}
 	got, gen, err := d.ReadPayload(ctx, "r")
@@ -335,7 +369,8 @@ func TestPayloadBytesSurvive(t *testing.T) {
 	}
 }
 
-// TestCheckDurability compares CheckDurability with the server's own configuration.
+// TestCheckDurability compares CheckDurability with the server's own configuration, and a
+// server that cannot be asked gives a warning, not an error (the store still opens).
 func TestCheckDurability(t *testing.T) {
 	t.Parallel()
 	rawURL, _ := isolated(t)
@@ -344,10 +379,182 @@ func TestCheckDurability(t *testing.T) {
 	if err != nil {
 		t.Skipf("CONFIG GET is not available: %v", err)
 	}
-	durable := cfg["appendonly"] == "yes" && cfg["appendfsync"] == "always"
-	if err := d.CheckDurability(ctx); (err == nil) != durable {
-		t.Fatalf("CheckDurability = %v with appendonly=%s appendfsync=%s", err, cfg["appendonly"], cfg["appendfsync"])
-	} else if err != nil {
-		t.Logf("this server is not durable: %v", err)
+	want := 0
+	if cfg["appendonly"] != "yes" {
+		want++
+	}
+	if cfg["appendfsync"] != "always" {
+		want++
+	}
+	warnings, err := d.CheckDurability(ctx)
+	if err != nil || len(warnings) != want {
+		t.Fatalf("CheckDurability = %q, %v with appendonly=%s appendfsync=%s", warnings, err, cfg["appendonly"], cfg["appendfsync"])
+	}
+	for _, w := range warnings {
+		t.Logf("this server is not durable: %s", w)
+	}
+
+	down := open(t, "redis://"+drivertest.ClosedAddr(t)+"/0?dial_timeout=1s")
+	if warnings, err := down.CheckDurability(ctx); err != nil || len(warnings) != 1 {
+		t.Fatalf("CheckDurability of an unreachable server = %q, %v, want one warning", warnings, err)
+	}
+}
+
+// TestEpochBumpIsOneIncrement: a bump rewrites no resource hash; the epoch compare in every
+// script is what frees and fences the earlier leases.
+func TestEpochBumpIsOneIncrement(t *testing.T) {
+	t.Parallel()
+	rawURL, _ := isolated(t)
+	d, ctx := migrated(t, rawURL), testCtx(t)
+	if err := d.Provision(ctx, "r"); err != nil {
+		t.Fatal(err)
+	}
+	g, err := d.Acquire(ctx, "r", "owner-a", time.Hour)
+	if err != nil || g.Epoch != 1 {
+		t.Fatalf("acquire: %+v, %v", g, err)
+	}
+	before, err := d.Client().HGetAll(ctx, d.Key("r")).Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if e, err := d.BumpEpoch(ctx); err != nil || e != 2 {
+		t.Fatalf("bump: %d, %v", e, err)
+	}
+	after, err := d.Client().HGetAll(ctx, d.Key("r")).Result()
+	if err != nil || after["owner"] != "owner-a" || len(after) != len(before) {
+		t.Fatalf("the bump changed the hash: before %v after %v (%v)", before, after, err)
+	}
+	st, err := d.Read(ctx, "r")
+	if err != nil || st.Held() || st.Owner != "" || st.Epoch != 1 || st.CurrentEpoch != 2 {
+		t.Fatalf("read after the bump: %+v, %v", st, err)
+	}
+	old := driver.LeaseRef{Resource: "r", Owner: "owner-a", Epoch: 1, Generation: g.Generation}
+	if _, ok, err := d.Renew(ctx, old, time.Hour); ok || err != nil {
+		t.Fatalf("renew of a lease from the old epoch: %v, %v", ok, err)
+	}
+	// The same owner acquiring again is not a resend of its grant: the old lease is gone.
+	g2, err := d.Acquire(ctx, "r", "owner-a", time.Hour)
+	if err != nil || g2.Epoch != 2 || g2.Generation != g.Generation+1 {
+		t.Fatalf("acquire after the bump: %+v, %v", g2, err)
+	}
+}
+
+// TestMissingEpochKeyIsAnError: no script guesses an epoch, and BumpEpoch does not restart at 1.
+func TestMissingEpochKeyIsAnError(t *testing.T) {
+	t.Parallel()
+	rawURL, prefix := isolated(t)
+	d, ctx := migrated(t, rawURL), testCtx(t)
+	if err := d.Provision(ctx, "r"); err != nil {
+		t.Fatal(err)
+	}
+	if err := d.Client().Del(ctx, prefix+"epoch").Err(); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := d.Acquire(ctx, "r", "o", time.Minute); !errors.Is(err, driver.ErrNotApplied) {
+		t.Fatalf("acquire without an epoch key: %v, want a not-applied error", err)
+	}
+	if _, err := d.BumpEpoch(ctx); !errors.Is(err, driver.ErrNotApplied) {
+		t.Fatalf("bump without an epoch key: %v", err)
+	}
+	if n, err := d.Client().Exists(ctx, prefix+"epoch").Result(); err != nil || n != 0 {
+		t.Fatalf("the epoch key was recreated: %d, %v", n, err)
+	}
+}
+
+// TestMigrateFromVersion1: rows written before epochs existed keep their generations, and a
+// lease they hold is free after the upgrade (it belongs to no epoch).
+func TestMigrateFromVersion1(t *testing.T) {
+	t.Parallel()
+	rawURL, prefix := isolated(t)
+	d, ctx := open(t, rawURL), testCtx(t)
+	c := d.Client()
+	if err := c.Set(ctx, prefix+"schema", "1", 0).Err(); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.HSet(ctx, d.Key("r"), "generation", "7", "published_generation", "6", "owner", "old",
+		"lease_until_us", "99999999999999999").Err(); err != nil {
+		t.Fatal(err)
+	}
+	if err := d.Migrate(ctx); err != nil {
+		t.Fatal(err)
+	}
+	st, err := d.Read(ctx, "r")
+	if err != nil || st.Held() || st.Generation != 7 || st.CurrentEpoch != 1 {
+		t.Fatalf("read after the upgrade: %+v, %v", st, err)
+	}
+	if g, err := d.Acquire(ctx, "r", "new", time.Minute); err != nil || g.Epoch != 1 || g.Generation != 8 {
+		t.Fatalf("acquire after the upgrade: %+v, %v", g, err)
+	}
+}
+
+// TestScriptErrorWritesNothing: a publication that fails inside its script (a corrupt field
+// found by its checks) leaves the payload and the operation record untouched and is reported
+// as not applied.
+func TestScriptErrorWritesNothing(t *testing.T) {
+	t.Parallel()
+	rawURL, _ := isolated(t)
+	d, ctx := migrated(t, rawURL), testCtx(t)
+	if err := d.Provision(ctx, "r"); err != nil {
+		t.Fatal(err)
+	}
+	g, err := d.Acquire(ctx, "r", "o", time.Minute)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := d.Client().HSet(ctx, d.Key("r"), "published_generation", "garbage").Err(); err != nil {
+		t.Fatal(err)
+	}
+	ref := driver.LeaseRef{Resource: "r", Owner: "o", Epoch: g.Epoch, Generation: g.Generation}
+	ok, err := d.PublishAndRelease(ctx, ref, driver.Publication{Payload: []byte("x"), OpID: "op"})
+	if ok || !errors.Is(err, driver.ErrNotApplied) {
+		t.Fatalf("publish over a corrupt row: %v, %v, want a not-applied error", ok, err)
+	}
+	h, err := d.Client().HGetAll(ctx, d.Key("r")).Result()
+	if err != nil || h["payload"] != "" || h["owner"] != "o" {
+		t.Fatalf("the failed script wrote: %v (%v)", h, err)
+	}
+	if op, err := d.ReadOperation(ctx, "op"); err != nil || op.Outcome != "" {
+		t.Fatalf("the failed script recorded the operation: %+v, %v", op, err)
+	}
+}
+
+// TestPruneMatchesThePrefixLiterally: a key prefix with glob characters prunes only its own
+// records.
+func TestPruneMatchesThePrefixLiterally(t *testing.T) {
+	t.Parallel()
+	rawURL, prefix := isolated(t)
+	u, err := url.Parse(rawURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	withPrefix := func(p string) *redis.Driver {
+		q := u.Query()
+		q.Set("key_prefix", p)
+		v := *u
+		v.RawQuery = q.Encode()
+		return migrated(t, v.String())
+	}
+	ctx := testCtx(t)
+	glob, other := withPrefix(prefix+"[x]*:"), withPrefix(prefix+"x-other:")
+	for _, d := range []*redis.Driver{glob, other} {
+		if _, err := d.ResolveOperation(ctx, "op"); err != nil {
+			t.Fatal(err)
+		}
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for { // until the server's clock has moved past the record
+		n, err := glob.PruneOperations(ctx, time.Microsecond)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if n == 1 {
+			break
+		}
+		if n != 0 || time.Now().After(deadline) {
+			t.Fatalf("pruned %d", n)
+		}
+	}
+	if op, err := other.ReadOperation(ctx, "op"); err != nil || op.Outcome != driver.OutcomeAborted {
+		t.Fatalf("another prefix's record after pruning: %+v, %v", op, err)
 	}
 }

@@ -2,22 +2,65 @@ package redis
 
 import goredis "github.com/redis/go-redis/v9"
 
-// Each operation is one Lua script on one key: Redis runs a script to the end before it serves
-// any other command, so the check and the write inside it are atomic. Every script touches only
-// KEYS[1], so the scripts also run on Redis Cluster, routed by that key's hash slot.
+// Each operation is one Lua script: Redis runs a script to the end before it serves any other
+// command, so the check and the writes inside it are atomic. The keys a script touches are all
+// declared in KEYS:
 //
-// The row is a hash with the fields
+//	resource hash   KeyPrefix + "r:{" + name + "}"
+//	epoch           KeyPrefix + "epoch", the store's epoch as a decimal string (Migrate sets 1)
+//	operation       KeyPrefix + "op:" + id, one hash per recorded operation id
+//	schema          KeyPrefix + "schema", the layout version
+//
+// A lease-carrying script reads the resource hash and the epoch key, and a publication also
+// the operation key: three keys in different hash slots, which Redis Cluster refuses. The
+// scripts declare flags=no-cluster, so a cluster node rejects them before running anything.
+//
+// The resource hash has the fields
 //
 //	generation            integer, created 0 by Provision and only ever incremented
-//	published_generation  integer, created 0 by Provision
+//	epoch                 the store's epoch when generation was last acquired
 //	owner                 present only while a lease is installed
 //	lease_until_us        present only while a lease is installed; server microseconds
+//	published_generation  integer, created 0 by Provision
+//	published_epoch       the epoch of the published generation
 //	published_at_us       server microseconds of the last publication
+//	source_version        of the published payload, when one was given
 //	payload               the last publication
+//
+// and an operation hash has outcome ("accepted" or "aborted"), recorded_at_us and, when
+// accepted, resource, epoch and generation.
+//
+// # Validate, then write
+//
+// Redis does not roll back a script that fails halfway: the writes made before the error stay.
+// Every script below therefore reads and checks everything first and only then writes, and
+// its writes cannot fail on their own (the types of the keys they write were checked by the
+// reads, and an out-of-memory refusal comes before a script with flags starts). So an error
+// reply from a script means it wrote nothing, which is what lets classify report a server
+// error as "not applied".
+//
+// # Epochs
+//
+// BumpEpoch is one INCR of the epoch key; it does not visit the resource hashes, which would
+// mean touching keys no script can declare in advance. Instead every lease-carrying script
+// requires lease.epoch == the current epoch (read from the declared epoch key), so a bump
+// fences every earlier lease at once, and Acquire treats a row whose epoch is older than the
+// current one as free. Read reports such a row without an owner, as it would after a release.
 //
 // Integers that pass through Lua are doubles there: exact up to 2^53, far above a microsecond
 // clock (about 2^51 today) or any generation. They are written back with string.format('%d')
-// because Lua's default number-to-string conversion may use exponent notation.
+// because Lua's default number-to-string conversion may use exponent notation. Epochs and
+// generations are compared as the decimal strings INCR and HINCRBY stored, so no conversion
+// can blur them.
+
+// Script headers. Flags make Redis check, before the script runs, what the script needs:
+// no-cluster refuses a cluster node; without allow-oom a writing script is refused as a whole
+// when the server is over maxmemory (rather than at its first write); no-writes lets a reading
+// script run on a replica.
+const (
+	writes = "#!lua flags=no-cluster\n"
+	reads  = "#!lua flags=no-cluster,no-writes\n"
+)
 
 // serverNow reads the server's clock. Redis 7 always replicates a script by its effects (the
 // writes it makes), not by re-running it, so a script may call TIME before it writes and
@@ -27,102 +70,138 @@ local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
 `
 
-// holds is true where the row's lease belongs to (owner, generation) and has not expired. The
-// generation is compared as the decimal string HINCRBY stored, so no conversion can blur it.
+// currentEpoch reads the store's epoch from KEYS[2]; a missing key means Migrate has not run
+// (or the key was deleted), and no script guesses an epoch.
+const currentEpoch = `
+local epoch = redis.call('GET', KEYS[2])
+if not epoch then
+  return redis.error_reply('ERR fenced: the epoch key is missing; run Migrate')
+end
+`
+
+// holds is true where the row's lease belongs to (owner ARGV[1], generation ARGV[2], epoch
+// ARGV[3]), that epoch is the current one, and the lease has not expired. row holds the fields
+// owner, generation, epoch, lease_until_us in that order.
 const holds = `
-local function holds(row, owner, generation)
-  return row[1] == owner and row[2] == generation and row[3] ~= false and tonumber(row[3]) > now
+local function holds(row)
+  return row[1] == ARGV[1] and row[2] == ARGV[2] and row[3] == ARGV[3] and ARGV[3] == epoch
+    and row[4] ~= false and tonumber(row[4]) > now
 end
 `
 
 // luaProvision creates the row's counters where they are absent and never touches one that
-// exists: HSETNX is create-if-absent per field.
-const luaProvision = `
+// exists: HSETNX is create-if-absent per field. KEYS: resource.
+const luaProvision = writes + `
 redis.call('HSETNX', KEYS[1], 'generation', '0')
 redis.call('HSETNX', KEYS[1], 'published_generation', '0')
 return 1
 `
 
-// luaAcquire returns {1, generation, lease_until_us} when granted, {0, holder generation,
-// holder lease_until_us} when busy, and {-1, 0, 0} when the row does not exist.
-// ARGV: owner, ttl in microseconds.
-const luaAcquire = serverNow + `
-local row = redis.call('HMGET', KEYS[1], 'generation', 'owner', 'lease_until_us')
+// luaAcquire returns {1, epoch, generation, lease_until_us} when granted, {0, holder epoch,
+// holder generation, holder lease_until_us} when busy, and {-1, 0, 0, 0} when the row does not
+// exist. A lease from an earlier epoch is free: the bump that ended that epoch freed it.
+// KEYS: resource, epoch. ARGV: owner, ttl in microseconds.
+const luaAcquire = writes + serverNow + currentEpoch + `
+local row = redis.call('HMGET', KEYS[1], 'generation', 'owner', 'lease_until_us', 'epoch')
 if not row[1] then
-  return {-1, 0, 0}
+  return {-1, 0, 0, 0}
 end
-if row[3] and tonumber(row[3]) > now then
+local ttl = tonumber(ARGV[2])
+if row[2] and row[4] == epoch and tonumber(row[3]) > now then
   if row[2] == ARGV[1] then
     -- Owners are fresh per acquisition, so this is a resend of an acquisition that was granted
     -- and whose reply was lost: it gets its own grant back rather than a busy refusal.
-    return {1, tonumber(row[1]), tonumber(row[3])}
+    return {1, tonumber(row[4]), tonumber(row[1]), tonumber(row[3])}
   end
-  return {0, tonumber(row[1]), tonumber(row[3])}
+  return {0, tonumber(row[4]), tonumber(row[1]), tonumber(row[3])}
 end
+-- HINCRBY is the first write: if the field is not an integer it fails before anything changed.
 local generation = redis.call('HINCRBY', KEYS[1], 'generation', 1)
-local untilUs = now + tonumber(ARGV[2])
-redis.call('HSET', KEYS[1], 'owner', ARGV[1], 'lease_until_us', string.format('%d', untilUs))
-return {1, generation, untilUs}
+local untilUs = now + ttl
+redis.call('HSET', KEYS[1], 'owner', ARGV[1], 'lease_until_us', string.format('%d', untilUs), 'epoch', epoch)
+return {1, tonumber(epoch), generation, untilUs}
 `
 
 // luaRenew returns the new lease_until_us, or 0 when the lease is not current and unexpired.
-// ARGV: owner, generation, ttl in microseconds.
-const luaRenew = serverNow + holds + `
-local row = redis.call('HMGET', KEYS[1], 'owner', 'generation', 'lease_until_us')
-if not holds(row, ARGV[1], ARGV[2]) then
+// KEYS: resource, epoch. ARGV: owner, generation, epoch, ttl in microseconds.
+const luaRenew = writes + serverNow + currentEpoch + holds + `
+local row = redis.call('HMGET', KEYS[1], 'owner', 'generation', 'epoch', 'lease_until_us')
+local ttl = tonumber(ARGV[4])
+if not holds(row) then
   return 0
 end
-local untilUs = now + tonumber(ARGV[3])
+local untilUs = now + ttl
 redis.call('HSET', KEYS[1], 'lease_until_us', string.format('%d', untilUs))
 return untilUs
 `
 
-// publishBody stores the payload where the lease is current and unexpired and its generation
-// has not published yet; the scripts below return 1 when it did, 0 when refused.
-// ARGV: owner, generation, payload.
-const publishBody = serverNow + holds + `
-local row = redis.call('HMGET', KEYS[1], 'owner', 'generation', 'lease_until_us', 'published_generation')
-if not holds(row, ARGV[1], ARGV[2]) or tonumber(row[4]) >= tonumber(ARGV[2]) then
+// publishBody stores the payload and records the operation id as accepted, where the lease is
+// current and unexpired, its generation has not published yet, the source version (if any) is
+// not older than the published one, and the operation id has no recorded outcome. The scripts
+// below return 1 when it did, 0 when refused.
+// KEYS: resource, epoch, operation. ARGV: owner, generation, epoch, payload, source version
+// (0: none), resource name.
+const publishBody = serverNow + currentEpoch + holds + `
+local row = redis.call('HMGET', KEYS[1], 'owner', 'generation', 'epoch', 'lease_until_us',
+  'published_generation', 'source_version')
+local sv = tonumber(ARGV[5])
+if redis.call('EXISTS', KEYS[3]) == 1 or not holds(row)
+  or tonumber(row[5]) >= tonumber(ARGV[2])
+  or (sv > 0 and tonumber(row[6] or '0') > sv) then
   return 0
 end
-redis.call('HSET', KEYS[1], 'payload', ARGV[3], 'published_generation', ARGV[2],
-  'published_at_us', string.format('%d', now))
+local at = string.format('%d', now)
+redis.call('HSET', KEYS[1], 'payload', ARGV[4], 'published_generation', ARGV[2],
+  'published_epoch', ARGV[3], 'published_at_us', at)
+if sv > 0 then
+  redis.call('HSET', KEYS[1], 'source_version', ARGV[5])
+end
+redis.call('HSET', KEYS[3], 'outcome', 'accepted', 'resource', ARGV[6], 'epoch', ARGV[3],
+  'generation', ARGV[2], 'recorded_at_us', at)
 `
 
-const luaPublish = publishBody + `
+const luaPublish = writes + publishBody + `
 return 1
 `
 
-const luaPublishAndRelease = publishBody + `
+const luaPublishAndRelease = writes + publishBody + `
 redis.call('HDEL', KEYS[1], 'owner', 'lease_until_us')
 return 1
 `
 
-// luaRelease frees the lease where owner and generation match, expired or not; it never
-// touches the counters. ARGV: owner, generation.
-const luaRelease = `
-local row = redis.call('HMGET', KEYS[1], 'owner', 'generation')
-if row[1] ~= ARGV[1] or row[2] ~= ARGV[2] then
+// luaRelease frees the lease where owner, generation and epoch match and the epoch is the
+// current one, expired or not; it never touches the counters.
+// KEYS: resource, epoch. ARGV: owner, generation, epoch.
+const luaRelease = writes + currentEpoch + `
+local row = redis.call('HMGET', KEYS[1], 'owner', 'generation', 'epoch')
+if row[1] ~= ARGV[1] or row[2] ~= ARGV[2] or row[3] ~= ARGV[3] or ARGV[3] ~= epoch then
   return 0
 end
 redis.call('HDEL', KEYS[1], 'owner', 'lease_until_us')
 return 1
 `
 
-// luaRead returns {exists, generation, owner, lease_until_us, published_generation,
-// published_at_us, payload size, now}; absent fields read as 0 or the empty string.
-const luaRead = serverNow + `
-local row = redis.call('HMGET', KEYS[1], 'generation', 'owner', 'lease_until_us',
-  'published_generation', 'published_at_us')
+// luaRead returns {exists, epoch, generation, owner, lease_until_us, published_epoch,
+// published_generation, published_at_us, source_version, payload size, current epoch, now};
+// absent fields read as 0 or the empty string. A lease from an earlier epoch is reported as
+// no lease: the bump freed it, and Acquire treats it so. KEYS: resource, epoch.
+const luaRead = reads + serverNow + currentEpoch + `
+local row = redis.call('HMGET', KEYS[1], 'generation', 'owner', 'lease_until_us', 'epoch',
+  'published_epoch', 'published_generation', 'published_at_us', 'source_version')
 if not row[1] then
-  return {0, 0, '', 0, 0, 0, 0, now}
+  return {0, 0, 0, '', 0, 0, 0, 0, 0, 0, tonumber(epoch), now}
 end
-return {1, tonumber(row[1]), row[2] or '', tonumber(row[3] or '0'), tonumber(row[4] or '0'),
-  tonumber(row[5] or '0'), redis.call('HSTRLEN', KEYS[1], 'payload'), now}
+local owner, untilUs = row[2] or '', tonumber(row[3] or '0')
+if row[4] ~= epoch then
+  owner, untilUs = '', 0
+end
+return {1, tonumber(row[4] or '0'), tonumber(row[1]), owner, untilUs, tonumber(row[5] or '0'),
+  tonumber(row[6] or '0'), tonumber(row[7] or '0'), tonumber(row[8] or '0'),
+  redis.call('HSTRLEN', KEYS[1], 'payload'), tonumber(epoch), now}
 `
 
-// luaReadPayload returns {exists, published_generation, payload}.
-const luaReadPayload = `
+// luaReadPayload returns {exists, published_generation, payload}. KEYS: resource.
+const luaReadPayload = reads + `
 local row = redis.call('HMGET', KEYS[1], 'generation', 'published_generation', 'payload')
 if not row[1] then
   return {0, 0, ''}
@@ -130,23 +209,77 @@ end
 return {1, tonumber(row[2] or '0'), row[3] or ''}
 `
 
-// luaMigrate records the schema version under KEYS[1] if none is recorded and returns the
-// recorded one. ARGV: this driver's version.
-const luaMigrate = `
+// luaResolve records the operation as aborted unless an outcome is recorded, and returns the
+// recorded one: {outcome, resource, epoch, generation, recorded_at_us}, absent fields false.
+// KEYS: operation.
+const luaResolve = writes + serverNow + `
+if redis.call('EXISTS', KEYS[1]) == 0 then
+  redis.call('HSET', KEYS[1], 'outcome', 'aborted', 'recorded_at_us', string.format('%d', now))
+end
+return redis.call('HMGET', KEYS[1], 'outcome', 'resource', 'epoch', 'generation', 'recorded_at_us')
+`
+
+// luaReadOperation returns what luaResolve returns, without recording anything; all false when
+// nothing is recorded. KEYS: operation.
+const luaReadOperation = reads + `
+return redis.call('HMGET', KEYS[1], 'outcome', 'resource', 'epoch', 'generation', 'recorded_at_us')
+`
+
+// luaBumpEpoch increments the epoch and returns it. That alone frees every lease: see Epochs
+// above. A missing key is an error, never a restart at 1. KEYS: epoch.
+const luaBumpEpoch = writes + `
+if redis.call('EXISTS', KEYS[1]) == 0 then
+  return redis.error_reply('ERR fenced: the epoch key is missing; run Migrate')
+end
+return redis.call('INCR', KEYS[1])
+`
+
+// luaPrune deletes the operation records among KEYS recorded before now - ARGV[1]
+// microseconds, and returns how many it deleted. It reads every key before deleting any, so an
+// error (a key of another type) leaves all of them in place. A key that has gone since the
+// SCAN that listed it is skipped.
+const luaPrune = writes + serverNow + `
+local before = now - tonumber(ARGV[1])
+local old = {}
+for _, key in ipairs(KEYS) do
+  local at = redis.call('HGET', key, 'recorded_at_us')
+  if at and tonumber(at) < before then
+    old[#old + 1] = key
+  end
+end
+if #old > 0 then
+  redis.call('DEL', unpack(old))
+end
+return #old
+`
+
+// luaMigrate records this driver's schema version unless a newer one is recorded, creates the
+// epoch key at 1 where it is absent, and returns the version recorded before (0: none).
+// Version 1 had no epochs: its rows have no epoch field, so any lease they hold is from an
+// earlier epoch than 1 and is free after the upgrade. KEYS: schema, epoch. ARGV: version.
+const luaMigrate = writes + `
 local v = redis.call('GET', KEYS[1])
-if not v then
-  redis.call('SET', KEYS[1], ARGV[1])
-  return tonumber(ARGV[1])
+local n = 0
+if v then
+  n = tonumber(v)
+  if not n then
+    return redis.error_reply('ERR fenced: the schema version key holds ' .. v .. ', not a number')
+  end
 end
-local n = tonumber(v)
-if not n then
-  return redis.error_reply('the schema version key holds ' .. v .. ', not a number')
+local e = redis.call('GET', KEYS[2])
+if e and not tonumber(e) then
+  return redis.error_reply('ERR fenced: the epoch key holds ' .. e .. ', not a number')
 end
+if n > tonumber(ARGV[1]) then
+  return n
+end
+redis.call('SET', KEYS[1], ARGV[1])
+redis.call('SET', KEYS[2], '1', 'NX')
 return n
 `
 
 // The scripts, run with EVALSHA and sent in full (EVAL) only when the server does not have
-// them cached yet.
+// them cached yet; NOSCRIPT means the script did not run, so that fallback is never a resend.
 var (
 	scriptProvision         = goredis.NewScript(luaProvision)
 	scriptAcquire           = goredis.NewScript(luaAcquire)
@@ -156,5 +289,13 @@ var (
 	scriptRelease           = goredis.NewScript(luaRelease)
 	scriptRead              = goredis.NewScript(luaRead)
 	scriptReadPayload       = goredis.NewScript(luaReadPayload)
+	scriptResolve           = goredis.NewScript(luaResolve)
+	scriptReadOperation     = goredis.NewScript(luaReadOperation)
+	scriptBumpEpoch         = goredis.NewScript(luaBumpEpoch)
+	scriptPrune             = goredis.NewScript(luaPrune)
 	scriptMigrate           = goredis.NewScript(luaMigrate)
+
+	allScripts = []*goredis.Script{scriptProvision, scriptAcquire, scriptRenew, scriptPublish,
+		scriptPublishAndRelease, scriptRelease, scriptRead, scriptReadPayload, scriptResolve,
+		scriptReadOperation, scriptBumpEpoch, scriptPrune, scriptMigrate}
 )
