@@ -45,7 +45,8 @@ type BuildFunc func(ctx context.Context, lease *Lease) ([]byte, error)
 // Acquisition and publication errors are returned: *BusyError when another owner holds the
 // resource, *RefusedError when the database refused the publication (the output is discarded,
 // never attached to a newer lease), ErrLeaseLost when the lease stopped being trusted before
-// publishing. An error from build is returned wrapped and nothing is published. The final
+// publishing. When the publication's reply is lost, Run resolves its operation id and reports
+// the definite outcome; only if that fails too is *OutcomeUnknownError returned. An error from build is returned wrapped and nothing is published. The final
 // release runs with its own timeout (Config.ReleaseTimeout) even when ctx is already
 // cancelled; its failure is only logged, since the lease expires by itself.
 func Run(ctx context.Context, s *Store, resource string, opts *RunOptions, build BuildFunc) (Result, error) {
@@ -106,12 +107,42 @@ func Run(ctx context.Context, s *Store, resource string, opts *RunOptions, build
 		s.release(ctx, lease)
 		return Result{}, fmt.Errorf("run %q: build: %w", resource, buildErr)
 	}
-	if err := lease.PublishAndRelease(ctx, payload); err != nil {
+	res := Result{Resource: resource, Owner: lease.Owner(), Token: lease.Token(), Generation: lease.Generation(), Size: len(payload)}
+	err = lease.PublishAndRelease(ctx, payload)
+	var unknown *OutcomeUnknownError
+	if errors.As(err, &unknown) {
+		accepted, rerr := s.settle(ctx, unknown.OpID)
+		switch {
+		case rerr != nil:
+			return Result{}, err // still unknown: the caller can resolve unknown.OpID later
+		case accepted:
+			return res, nil // the lost reply was a success, lease released with it
+		default:
+			err = fmt.Errorf("run %q: the publication's reply was lost and it was then resolved as not accepted: %w", resource, unknown.Err)
+		}
+	}
+	if err != nil {
 		// The statement did not release either; free the lease if it is still ours.
 		s.release(ctx, lease)
 		return Result{}, err
 	}
-	return Result{Resource: resource, Owner: lease.Owner(), Token: lease.Token(), Generation: lease.Generation(), Size: len(payload)}, nil
+	return res, nil
+}
+
+// settle resolves a publication whose reply was lost, trying a few times within the release
+// timeout; Resolve is idempotent, so repeating it after its own lost reply is safe.
+func (s *Store) settle(ctx context.Context, opID string) (accepted bool, err error) {
+	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), s.cfg.ReleaseTimeout)
+	defer cancel()
+	for attempt := 0; attempt < 3; attempt++ {
+		var r Resolution
+		if r, err = s.Resolve(rctx, opID); err == nil {
+			return r.Accepted, nil
+		}
+	}
+	s.cfg.Logger.Warn("fenced: could not resolve a publication whose reply was lost",
+		"op_id", opID, "error", err)
+	return false, err
 }
 
 // renewLoop renews every interval until ctx ends. A refusal ends the lease (and so the build's

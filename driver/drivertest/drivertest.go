@@ -70,6 +70,7 @@ func Run(t *testing.T, newTarget NewTarget) {
 		{"RunRenewsPastTTL", testRunRenews},
 		{"RunRenewalRefusedEndsBuild", testRunRenewalRefused},
 		{"LostReplyIsUnknownNotRefused", testLostReply},
+		{"RunSettlesLostReply", testRunSettlesLostReply},
 		{"UnreachableIsNotApplied", testUnreachable},
 		{"OperationIDsResolveFinally", testOperationIDs},
 		{"PruneOperations", testPruneOperations},

@@ -2,6 +2,7 @@ package drivertest
 
 import (
 	"bytes"
+	"context"
 	"errors"
 	"testing"
 	"time"
@@ -88,6 +89,31 @@ func testLostReply(t *testing.T, e *env) {
 			t.Fatalf("after a lost release reply: %+v", st)
 		}
 	})
+}
+
+// testRunSettlesLostReply: Run's publication commits and its reply is lost; Run resolves the
+// operation id and reports the success it was.
+func testRunSettlesLostReply(t *testing.T, e *env) {
+	direct := e.store(t)
+	drv, arm := e.LostReply(t)
+	lossy, err := fenced.New(ctx(t), drv, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = lossy.Close() })
+	provision(t, direct, "r")
+	res, err := fenced.Run(ctx(t), lossy, "r", &fenced.RunOptions{TTL: time.Minute},
+		func(context.Context, *fenced.Lease) ([]byte, error) {
+			arm() // the next request is the publication
+			return []byte("built"), nil
+		})
+	if err != nil {
+		t.Fatalf("Run with its publication's reply lost: %v, want the resolved success", err)
+	}
+	wantPublished(t, direct, "r", []byte("built"), res.Generation)
+	if st := show(t, direct, "r"); st.Owner != "" {
+		t.Fatalf("after Run: %+v", st)
+	}
 }
 
 // testUnreachable: a request that cannot reach the server certainly did not happen, and is
