@@ -220,6 +220,9 @@ func (a *app) torture(cmd *cobra.Command, o tortureOptions) error {
 	}
 	scheme, _, _ := strings.Cut(url, ":")
 	scheme = strings.ToLower(scheme)
+	if o.unfenced && scheme != "sqlite" && scheme != "postgres" && scheme != "postgresql" {
+		return usagef("--unfenced needs SQLite or PostgreSQL")
+	}
 	faults, notApplicable := faultPlan(scheme, requested)
 
 	dir := o.report
