@@ -1,15 +1,57 @@
 // Package postgres runs the fenced protocol on PostgreSQL through pgx.
 //
-// Every operation is one autocommit statement; the one transaction (migration) is serialized by
-// a transaction-scoped advisory lock. Expiry is judged by the server's clock_timestamp(), never
-// by now(), which is frozen at the start of a transaction (see sql.go). Tables are not
-// schema-qualified, so the connection's search_path chooses the schema.
+// # Statements and routines
+//
+// Every operation is one statement (sql.go), installed by Migrate as a PL/pgSQL function whose
+// body is that statement: fenced_acquire, fenced_publish, fenced_resolve and so on. The driver
+// always calls the functions, whoever it is connected as, and each call is one autocommit
+// round trip. The functions are SECURITY DEFINER, owned by the user that migrated, with the
+// search path fixed to the schema they were created in (and pg_temp last), and their EXECUTE
+// right is revoked from PUBLIC. Grant then takes every right on the tables away from PUBLIC
+// and from a role and gives that role only the functions: code connected as the role cannot
+// write the tables without the fence, and a store connected as the role works unchanged.
+//
+// Always calling the functions, rather than detecting at connect time whether the tables are
+// writable and sending the statements then, keeps one path: the conformance suite, run as the
+// owner at every isolation level, exercises exactly the code that a granted role runs, and no
+// detection can be wrong. The cost is a function call per operation (BenchmarkProtocol shows
+// it against the bare statements). Statement text is never copied: a function's body is built
+// from the same constants, and Migrate replaces a function whose body differs from the code's.
+//
+// Expiry is judged by the server's clock_timestamp(), never by now(), which is frozen at the
+// start of a transaction (see sql.go). Tables and functions are not schema-qualified in calls,
+// so the connection's search_path chooses the schema.
+//
+// # Isolation levels
 //
 // The statements are correct at every isolation level. Under REPEATABLE READ and SERIALIZABLE
 // (for instance as default_transaction_isolation), a statement that meets a concurrent update
-// fails with a serialization failure instead of waiting and re-checking; since each statement
-// is its own transaction, such a failure means it was rolled back, and the driver runs it again
-// a bounded number of times, so the losers of a race still see "busy" rather than an error.
+// fails with a serialization failure instead of waiting and re-checking; since each call is its
+// own transaction, such a failure means it was rolled back, and the driver runs it again a
+// bounded number of times, so the losers of a race still see "busy" rather than an error.
+//
+// # Outcomes
+//
+// An error is reported as not applied (driver.ErrNotApplied) only when the call certainly had
+// no effect: no connection could be had or made, pgx reports that nothing was sent
+// (pgconn.SafeToRetry), or the server answered with an ERROR, which rolls the autocommit
+// transaction back. Anything else after sending (a broken connection, a timeout, a FATAL
+// message) leaves the outcome unknown. Neither pgx nor pgxpool sends a statement again on its
+// own; the driver repeats a call only after the server reported a serialization failure or a
+// deadlock. Every call is sent as one Parse/Bind/Execute/Sync exchange
+// (pgx.QueryExecModeExec), without a separate prepare round trip whose lost reply would look
+// like a lost mutation.
+//
+// # Incarnation
+//
+// fenced_meta records the server's system identifier and timeline when the schema is created
+// and at every BumpEpoch. Each lease-carrying function first compares them with the server's
+// (computed once per session), and fails with driver.ErrIncarnationChanged until BumpEpoch
+// records the new incarnation: after a restore that changed the system identifier or a
+// promotion or point-in-time recovery that started a new timeline, no lease issued in the lost
+// history can be used, and no new one is issued under the old epoch. A restore of a file-level
+// copy of the same cluster onto the same timeline, or of a logical dump into the same cluster,
+// changes neither value and is not detected: run BumpEpoch after those by hand.
 package postgres
 
 import (
@@ -34,9 +76,12 @@ import (
 //go:embed migrations/*.sql
 var migrations embed.FS
 
-// maxAttempts bounds how often a statement that was rolled back by a serialization failure or
-// a deadlock is run again.
+// maxAttempts bounds how often a call that was rolled back by a serialization failure or a
+// deadlock is run again.
 const maxAttempts = 5
+
+// execMode sends each call in one round trip (see the package documentation).
+const execMode = pgx.QueryExecModeExec
 
 // Driver is the PostgreSQL backend. It is safe for concurrent use by multiple goroutines.
 type Driver struct {
@@ -44,7 +89,11 @@ type Driver struct {
 	owned bool
 }
 
-var _ driver.Driver = (*Driver)(nil)
+var (
+	_ driver.Driver            = (*Driver)(nil)
+	_ driver.DurabilityChecker = (*Driver)(nil)
+	_ driver.Granter           = (*Driver)(nil)
+)
 
 // New returns a driver over a pool the caller opened and keeps ownership of: Close leaves it
 // open.
@@ -80,35 +129,71 @@ func (d *Driver) Close() error {
 	return nil
 }
 
-// Migrate applies the embedded migrations that have not run yet, in one transaction that first
-// takes an advisory lock, so that concurrent calls apply each migration once. The transaction
-// is READ COMMITTED whatever the server's default, so that reads after the lock wait see what
-// the previous holder committed.
-func (d *Driver) Migrate(ctx context.Context) error {
+// latestVersion is the highest embedded migration's number.
+func latestVersion() (int, []string, error) {
 	names, err := fs.Glob(migrations, "migrations/*.sql")
+	if err != nil {
+		return 0, nil, err
+	}
+	sort.Strings(names)
+	latest := 0
+	for _, name := range names {
+		v, err := migrationVersion(name)
+		if err != nil {
+			return 0, nil, err
+		}
+		latest = max(latest, v)
+	}
+	return latest, names, nil
+}
+
+func migrationVersion(name string) (int, error) {
+	v, err := strconv.Atoi(strings.SplitN(strings.TrimPrefix(name, "migrations/"), "_", 2)[0])
+	if err != nil {
+		return 0, fmt.Errorf("migration %s: bad version: %w", name, err)
+	}
+	return v, nil
+}
+
+// Migrate applies the embedded migrations that have not run yet, records the server's
+// incarnation if none is recorded, and installs the routines whose bodies differ from the
+// code's, in one transaction that first takes an advisory lock, so that concurrent calls apply
+// each migration once. The transaction is READ COMMITTED whatever the server's default, so that
+// reads after the lock wait see what the previous holder committed.
+//
+// Connected as a role that Grant gave only the routines, Migrate changes nothing: it checks
+// that the schema and the routines are current and fails if they are not.
+func (d *Driver) Migrate(ctx context.Context) error {
+	latest, names, err := latestVersion()
 	if err != nil {
 		return err
 	}
-	sort.Strings(names)
 	tx, err := d.pool.BeginTx(ctx, pgx.TxOptions{IsoLevel: pgx.ReadCommitted})
 	if err != nil {
-		return interpretError(err)
+		return classify(err)
 	}
 	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }() // a no-op after Commit
+	var mayMigrate *bool
+	if err := tx.QueryRow(ctx, sqlMayMigrate).Scan(&mayMigrate); err != nil {
+		return fmt.Errorf("check migration rights: %w", classify(err))
+	}
+	if mayMigrate != nil && !*mayMigrate {
+		return checkCurrent(ctx, tx, latest)
+	}
 	if _, err := tx.Exec(ctx, sqlMigrateLock, int64(migrateLockKey)); err != nil {
-		return fmt.Errorf("lock migrations: %w", interpretError(err))
+		return fmt.Errorf("lock migrations: %w", classify(err))
 	}
 	if _, err := tx.Exec(ctx, sqlMigrationsTable); err != nil {
-		return fmt.Errorf("create migrations table: %w", interpretError(err))
+		return fmt.Errorf("create migrations table: %w", classify(err))
 	}
 	var current int
-	if err := tx.QueryRow(ctx, sqlMigrationsCurrent).Scan(&current); err != nil {
-		return fmt.Errorf("read schema version: %w", interpretError(err))
+	if err := tx.QueryRow(ctx, sqlSchemaVersion).Scan(&current); err != nil {
+		return fmt.Errorf("read schema version: %w", classify(err))
 	}
 	for _, name := range names {
-		version, err := strconv.Atoi(strings.SplitN(strings.TrimPrefix(name, "migrations/"), "_", 2)[0])
+		version, err := migrationVersion(name)
 		if err != nil {
-			return fmt.Errorf("migration %s: bad version: %w", name, err)
+			return err
 		}
 		if version <= current {
 			continue
@@ -118,21 +203,138 @@ func (d *Driver) Migrate(ctx context.Context) error {
 			return err
 		}
 		if _, err := tx.Exec(ctx, string(body)); err != nil {
-			return fmt.Errorf("migration %s: %w", name, interpretError(err))
+			return fmt.Errorf("migration %s: %w", name, classify(err))
 		}
 		if _, err := tx.Exec(ctx, sqlMigrationsRecord, version); err != nil {
-			return fmt.Errorf("record migration %s: %w", name, interpretError(err))
+			return fmt.Errorf("record migration %s: %w", name, classify(err))
+		}
+	}
+	if _, err := tx.Exec(ctx, sqlRecordIncarnation); err != nil {
+		return fmt.Errorf("record the server's incarnation: %w", classify(err))
+	}
+	if err := installRoutines(ctx, tx); err != nil {
+		return err
+	}
+	if err := tx.Commit(ctx); err != nil {
+		return fmt.Errorf("commit migrations: %w", classify(err))
+	}
+	return nil
+}
+
+// staleRoutines returns the routines that are missing from the schema or whose body differs
+// from the code's, and the schema (the first existing one on the search path).
+func staleRoutines(ctx context.Context, tx pgx.Tx) (schema string, stale []routine, err error) {
+	var s pgtype.Text
+	if err := tx.QueryRow(ctx, sqlCurrentSchema).Scan(&s); err != nil {
+		return "", nil, fmt.Errorf("read current schema: %w", classify(err))
+	}
+	if !s.Valid {
+		return "", nil, errors.New("read current schema: no schema on the search path exists")
+	}
+	rows, err := tx.Query(ctx, sqlInstalledRoutines)
+	if err != nil {
+		return "", nil, fmt.Errorf("list routines: %w", classify(err))
+	}
+	installed := map[string]string{}
+	var name, body string
+	if _, err := pgx.ForEachRow(rows, []any{&name, &body}, func() error { installed[name] = body; return nil }); err != nil {
+		return "", nil, fmt.Errorf("list routines: %w", classify(err))
+	}
+	for _, r := range routines {
+		if b, ok := installed[r.name]; !ok || b != r.body() {
+			stale = append(stale, r)
+		}
+	}
+	return s.String, stale, nil
+}
+
+// installRoutines creates or replaces the stale routines, owned by the current user, and
+// takes EXECUTE away from PUBLIC (PostgreSQL grants it to PUBLIC by default).
+func installRoutines(ctx context.Context, tx pgx.Tx) error {
+	schema, stale, err := staleRoutines(ctx, tx)
+	if err != nil {
+		return err
+	}
+	for _, r := range stale {
+		if _, err := tx.Exec(ctx, r.create(pgx.Identifier{schema}.Sanitize())); err != nil {
+			return fmt.Errorf("install routine %s: %w", r.name, classify(err))
+		}
+		if _, err := tx.Exec(ctx, "REVOKE ALL ON FUNCTION "+r.signature()+" FROM PUBLIC"); err != nil {
+			return fmt.Errorf("revoke routine %s from public: %w", r.name, classify(err))
+		}
+	}
+	return nil
+}
+
+// checkCurrent is Migrate for a role that may only call the routines.
+func checkCurrent(ctx context.Context, tx pgx.Tx, latest int) error {
+	var version int
+	if err := tx.QueryRow(ctx, rtSchemaVersion.call(), execMode).Scan(&version); err != nil {
+		return fmt.Errorf("read schema version: %w", classify(err))
+	}
+	if version < latest {
+		return fmt.Errorf("migrate: the schema is at version %d, the code needs %d, and this user may not migrate it: run migrate as the schema's owner", version, latest)
+	}
+	_, stale, err := staleRoutines(ctx, tx)
+	if err != nil {
+		return err
+	}
+	if len(stale) > 0 {
+		return fmt.Errorf("migrate: routine %s is not the code's, and this user may not replace it: run migrate as the schema's owner", stale[0].name)
+	}
+	return tx.Commit(ctx)
+}
+
+// Grant takes every right on the fenced tables away from PUBLIC and from role, and gives role
+// USAGE on the schema and EXECUTE on the operation routines (installing any that are stale
+// first). The role must exist (CREATE ROLE name LOGIN ...) and the schema must be migrated.
+// Run it as the user that migrated, the owner of the tables and routines.
+func (d *Driver) Grant(ctx context.Context, role string) error {
+	tx, err := d.pool.BeginTx(ctx, pgx.TxOptions{IsoLevel: pgx.ReadCommitted})
+	if err != nil {
+		return classify(err)
+	}
+	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
+	if _, err := tx.Exec(ctx, sqlMigrateLock, int64(migrateLockKey)); err != nil {
+		return fmt.Errorf("lock migrations: %w", classify(err))
+	}
+	if err := installRoutines(ctx, tx); err != nil {
+		return err
+	}
+	var schema string
+	if err := tx.QueryRow(ctx, sqlCurrentSchema).Scan(&schema); err != nil {
+		return fmt.Errorf("read current schema: %w", classify(err))
+	}
+	r := pgx.Identifier{role}.Sanitize()
+	var stmts []string
+	for _, t := range fencedTables {
+		stmts = append(stmts, "REVOKE ALL ON TABLE "+t+" FROM PUBLIC, "+r)
+	}
+	for _, rt := range routines {
+		stmts = append(stmts, "REVOKE ALL ON FUNCTION "+rt.signature()+" FROM PUBLIC, "+r)
+		if rt.granted {
+			stmts = append(stmts, "GRANT EXECUTE ON FUNCTION "+rt.signature()+" TO "+r)
+		}
+	}
+	stmts = append(stmts, "GRANT USAGE ON SCHEMA "+pgx.Identifier{schema}.Sanitize()+" TO "+r)
+	for _, s := range stmts {
+		if _, err := tx.Exec(ctx, s); err != nil {
+			var pgErr *pgconn.PgError
+			if errors.As(err, &pgErr) && pgErr.Code == "42704" { // undefined_object
+				return fmt.Errorf("grant to role %s: the role does not exist; create it first: %w", role, err)
+			}
+			return fmt.Errorf("grant to role %s: %w", role, err)
 		}
 	}
 	if err := tx.Commit(ctx); err != nil {
-		return fmt.Errorf("commit migrations: %w", interpretError(err))
+		return fmt.Errorf("commit grant: %w", classify(err))
 	}
 	return nil
 }
 
 func (d *Driver) Provision(ctx context.Context, resource string) error {
-	return d.retry(ctx, func() error {
-		_, err := d.pool.Exec(ctx, sqlProvision, resource)
+	return d.do(ctx, func(c *pgxpool.Conn) error {
+		_, err := c.Exec(ctx, rtProvision.call(), execMode, resource)
 		return err
 	})
 }
@@ -140,18 +342,18 @@ func (d *Driver) Provision(ctx context.Context, resource string) error {
 func (d *Driver) Acquire(ctx context.Context, resource, owner string, ttl time.Duration) (driver.Grant, error) {
 	var (
 		acquired, seenFree bool
-		gen                int64
+		epoch, gen         int64
 		until              pgtype.Timestamptz
 	)
-	err := d.retry(ctx, func() error {
-		return d.pool.QueryRow(ctx, sqlAcquire, resource, owner, ttl.Microseconds()).
-			Scan(&acquired, &gen, &until, &seenFree)
+	err := d.do(ctx, func(c *pgxpool.Conn) error {
+		return c.QueryRow(ctx, rtAcquire.call(), execMode, resource, owner, ttl.Microseconds()).
+			Scan(&acquired, &epoch, &gen, &until, &seenFree)
 	})
 	if err != nil {
 		return driver.Grant{}, err // ErrNotFound when the resource has no row
 	}
 	if acquired {
-		return driver.Grant{Generation: gen, LeaseUntil: timeOf(until)}, nil
+		return driver.Grant{Epoch: epoch, Generation: gen, LeaseUntil: timeOf(until)}, nil
 	}
 	if seenFree {
 		// Refused after waiting on a concurrent acquisition: the statement's snapshot predates
@@ -160,15 +362,15 @@ func (d *Driver) Acquire(ctx context.Context, resource, owner string, ttl time.D
 		if err != nil {
 			return driver.Grant{}, err
 		}
-		return driver.Grant{}, &driver.BusyError{Generation: st.Generation, LeaseUntil: st.LeaseUntil}
+		return driver.Grant{}, &driver.BusyError{Epoch: st.Epoch, Generation: st.Generation, LeaseUntil: st.LeaseUntil}
 	}
-	return driver.Grant{}, &driver.BusyError{Generation: gen, LeaseUntil: timeOf(until)}
+	return driver.Grant{}, &driver.BusyError{Epoch: epoch, Generation: gen, LeaseUntil: timeOf(until)}
 }
 
 func (d *Driver) Renew(ctx context.Context, l driver.LeaseRef, ttl time.Duration) (time.Time, bool, error) {
 	var until pgtype.Timestamptz
-	err := d.retry(ctx, func() error {
-		return d.pool.QueryRow(ctx, sqlRenew, l.Resource, l.Owner, l.Generation, ttl.Microseconds()).Scan(&until)
+	err := d.do(ctx, func(c *pgxpool.Conn) error {
+		return c.QueryRow(ctx, rtRenew.call(), execMode, l.Resource, l.Owner, l.Generation, l.Epoch, ttl.Microseconds()).Scan(&until)
 	})
 	if errors.Is(err, driver.ErrNotFound) { // no row matched: refused
 		return time.Time{}, false, nil
@@ -180,17 +382,48 @@ func (d *Driver) Renew(ctx context.Context, l driver.LeaseRef, ttl time.Duration
 }
 
 func (d *Driver) Publish(ctx context.Context, l driver.LeaseRef, pub driver.Publication) (bool, error) {
-	payload := pub.Payload // TODO(issue 4): epoch, operation id and source version
-	return d.execOne(ctx, sqlPublish, l.Resource, l.Owner, l.Generation, nonNil(payload))
+	return d.publish(ctx, rtPublish, l, pub)
 }
 
 func (d *Driver) PublishAndRelease(ctx context.Context, l driver.LeaseRef, pub driver.Publication) (bool, error) {
-	payload := pub.Payload // TODO(issue 4): epoch, operation id and source version
-	return d.execOne(ctx, sqlPublishAndRelease, l.Resource, l.Owner, l.Generation, nonNil(payload))
+	return d.publish(ctx, rtPublishAndRelease, l, pub)
+}
+
+// publish runs the publication statement, which also records the operation id (sql.go). A
+// unique violation on the operation id means a concurrent Resolve or publication recorded it
+// first, and the whole statement was rolled back: refused, not an error.
+func (d *Driver) publish(ctx context.Context, rt routine, l driver.LeaseRef, pub driver.Publication) (bool, error) {
+	var n int64
+	err := d.do(ctx, func(c *pgxpool.Conn) error {
+		err := c.QueryRow(ctx, rt.call(), execMode, l.Resource, l.Owner, l.Generation, l.Epoch,
+			nonNil(pub.Payload), pub.SourceVersion, pub.OpID).Scan(&n)
+		var pgErr *pgconn.PgError
+		if errors.As(err, &pgErr) && pgErr.Code == "23505" && pgErr.ConstraintName == "fenced_operations_pkey" {
+			n = 0
+			return nil
+		}
+		return err
+	})
+	return oneRow(n, err)
 }
 
 func (d *Driver) Release(ctx context.Context, l driver.LeaseRef) (bool, error) {
-	return d.execOne(ctx, sqlRelease, l.Resource, l.Owner, l.Generation)
+	var n int64
+	err := d.do(ctx, func(c *pgxpool.Conn) error {
+		return c.QueryRow(ctx, rtRelease.call(), execMode, l.Resource, l.Owner, l.Generation, l.Epoch).Scan(&n)
+	})
+	return oneRow(n, err)
+}
+
+// oneRow turns a conditional statement's row count into ok.
+func oneRow(n int64, err error) (bool, error) {
+	if err != nil {
+		return false, err
+	}
+	if n > 1 {
+		return false, fmt.Errorf("statement changed %d rows; the resource key is not unique", n)
+	}
+	return n == 1, nil
 }
 
 func (d *Driver) Read(ctx context.Context, resource string) (driver.State, error) {
@@ -200,10 +433,11 @@ func (d *Driver) Read(ctx context.Context, resource string) (driver.State, error
 		until, publishedAt pgtype.Timestamptz
 		now                time.Time
 	)
-	err := d.retry(ctx, func() error {
+	err := d.do(ctx, func(c *pgxpool.Conn) error {
 		st = driver.State{Resource: resource}
-		return d.pool.QueryRow(ctx, sqlRead, resource).Scan(&st.Generation, &owner, &until,
-			&st.PublishedGeneration, &publishedAt, &st.PayloadSize, &now)
+		return c.QueryRow(ctx, rtRead.call(), execMode, resource).Scan(&st.Epoch, &st.Generation, &owner, &until,
+			&st.PublishedEpoch, &st.PublishedGeneration, &publishedAt, &st.SourceVersion, &st.PayloadSize,
+			&st.CurrentEpoch, &now)
 	})
 	if err != nil {
 		return driver.State{}, err
@@ -220,8 +454,8 @@ func (d *Driver) ReadPayload(ctx context.Context, resource string) ([]byte, int6
 		gen     int64
 		payload []byte
 	)
-	err := d.retry(ctx, func() error {
-		return d.pool.QueryRow(ctx, sqlReadPayload, resource).Scan(&gen, &payload)
+	err := d.do(ctx, func(c *pgxpool.Conn) error {
+		return c.QueryRow(ctx, rtReadPayload.call(), execMode, resource).Scan(&gen, &payload)
 	})
 	if err != nil {
 		return nil, 0, err
@@ -229,31 +463,128 @@ func (d *Driver) ReadPayload(ctx context.Context, resource string) ([]byte, int6
 	return payload, gen, nil
 }
 
-// execOne runs a conditional UPDATE; ok is true when it changed exactly one row.
-func (d *Driver) execOne(ctx context.Context, query string, args ...any) (bool, error) {
-	var tag pgconn.CommandTag
-	err := d.retry(ctx, func() (err error) {
-		tag, err = d.pool.Exec(ctx, query, args...)
-		return err
-	})
-	if err != nil {
-		return false, err
+func (d *Driver) ResolveOperation(ctx context.Context, opID string) (driver.Operation, error) {
+	op, err := d.operation(ctx, rtResolve, opID)
+	if err == nil && op.Outcome == "" {
+		return driver.Operation{}, fmt.Errorf("resolve operation %s: nothing recorded after recording it", opID)
 	}
-	if n := tag.RowsAffected(); n > 1 {
-		return false, fmt.Errorf("statement changed %d rows; the resource key is not unique", n)
-	}
-	return tag.RowsAffected() == 1, nil
+	return op, err
 }
 
-// retry runs one autocommit statement, again while the server reports that it was rolled back
-// by a serialization failure or a deadlock (so it certainly did not take effect), at most
-// maxAttempts times. The error it returns has passed through interpretError.
-func (d *Driver) retry(ctx context.Context, statement func() error) error {
-	err := statement()
-	for attempt := 1; attempt < maxAttempts && rolledBack(err) && ctx.Err() == nil; attempt++ {
-		err = statement()
+func (d *Driver) ReadOperation(ctx context.Context, opID string) (driver.Operation, error) {
+	return d.operation(ctx, rtReadOperation, opID)
+}
+
+func (d *Driver) operation(ctx context.Context, rt routine, opID string) (driver.Operation, error) {
+	var (
+		op         driver.Operation
+		resource   pgtype.Text
+		epoch, gen pgtype.Int8
+		at         pgtype.Timestamptz
+	)
+	err := d.do(ctx, func(c *pgxpool.Conn) error {
+		op = driver.Operation{OpID: opID}
+		return c.QueryRow(ctx, rt.call(), execMode, opID).Scan(&op.Outcome, &resource, &epoch, &gen, &at)
+	})
+	if errors.Is(err, driver.ErrNotFound) {
+		return driver.Operation{OpID: opID}, nil
 	}
-	return interpretError(err)
+	if err != nil {
+		return driver.Operation{}, err
+	}
+	op.Resource, op.Epoch, op.Generation, op.RecordedAt = resource.String, epoch.Int64, gen.Int64, timeOf(at)
+	return op, nil
+}
+
+// BumpEpoch frees every lease, advances the epoch and records the server's incarnation, in one
+// statement.
+func (d *Driver) BumpEpoch(ctx context.Context) (int64, error) {
+	var epoch int64
+	err := d.do(ctx, func(c *pgxpool.Conn) error {
+		return c.QueryRow(ctx, rtBumpEpoch.call(), execMode).Scan(&epoch)
+	})
+	return epoch, err
+}
+
+func (d *Driver) PruneOperations(ctx context.Context, age time.Duration) (int64, error) {
+	var n int64
+	err := d.do(ctx, func(c *pgxpool.Conn) error {
+		return c.QueryRow(ctx, rtPrune.call(), execMode, age.Microseconds()).Scan(&n)
+	})
+	return n, err
+}
+
+// sqlDurability reads, on one of the driver's own connections (synchronous_commit can be set
+// per role, database or session), the settings under which an acknowledged commit can be lost,
+// and the fenced tables that are not permanent (relpersistence 'p'). pg_class and these
+// settings are readable by every role.
+const sqlDurability = `SELECT current_setting('fsync'), current_setting('synchronous_commit'),
+    current_setting('full_page_writes'), current_setting('synchronous_standby_names'),
+    coalesce((SELECT string_agg(relname, ', ' ORDER BY relname) FROM pg_class
+        WHERE oid IN (to_regclass('fenced_resources'), to_regclass('fenced_operations'),
+                      to_regclass('fenced_meta'), to_regclass('fenced_schema_migrations'))
+          AND relpersistence <> 'p'), '')`
+
+// CheckDurability warns about fsync off, full_page_writes off, synchronous_commit off, and
+// synchronous_commit local while synchronous standbys are configured, and about fenced tables
+// that are UNLOGGED or temporary.
+//
+// synchronous_commit off acknowledges a commit before its WAL reaches disk, so a server crash
+// loses the last acknowledged generations. local waits for the local flush only, which is
+// safe on a single server but lets a failover to a synchronous standby lose acknowledged
+// commits; it is reported only when synchronous_standby_names is set. remote_write (the
+// standby has written but not flushed) is accepted: losing it needs the primary and the
+// standby's operating system to fail together.
+//
+// When no connection can be made, the check itself is reported as a warning rather than an
+// error, so that a store can be created while the server is down (StrictDurability then
+// refuses, as it should when nothing could be checked).
+func (d *Driver) CheckDurability(ctx context.Context) ([]string, error) {
+	var fsync, syncCommit, fpw, standbys, volatile string
+	err := d.do(ctx, func(c *pgxpool.Conn) error {
+		return c.QueryRow(ctx, sqlDurability, execMode).Scan(&fsync, &syncCommit, &fpw, &standbys, &volatile)
+	})
+	if err != nil {
+		if errors.Is(err, driver.ErrNotApplied) && !isServerError(err) {
+			return []string{fmt.Sprintf("PostgreSQL durability settings could not be read: %v", err)}, nil
+		}
+		return nil, fmt.Errorf("read durability settings: %w", err)
+	}
+	var out []string
+	if fsync == "off" {
+		out = append(out, "PostgreSQL fsync is off: a crash of the server's machine can lose or corrupt acknowledged commits")
+	}
+	switch {
+	case syncCommit == "off":
+		out = append(out, "PostgreSQL synchronous_commit is off: a server crash loses the most recent acknowledged commits")
+	case syncCommit == "local" && standbys != "":
+		out = append(out, "PostgreSQL synchronous_commit is local while synchronous_standby_names is set: a failover can lose acknowledged commits")
+	}
+	if fpw == "off" {
+		out = append(out, "PostgreSQL full_page_writes is off: a crash of the server's machine can leave torn, corrupt pages")
+	}
+	if volatile != "" {
+		out = append(out, fmt.Sprintf("fenced tables %s are not logged: crash recovery empties them and resets generations", volatile))
+	}
+	return out, nil
+}
+
+// do runs one call on a connection of the pool, again while the server reports that it was
+// rolled back by a serialization failure or a deadlock (so it certainly did not take effect),
+// at most maxAttempts times. The error it returns has passed through classify.
+func (d *Driver) do(ctx context.Context, call func(*pgxpool.Conn) error) error {
+	for attempt := 1; ; attempt++ {
+		c, err := d.pool.Acquire(ctx)
+		if err != nil {
+			// Waiting for or dialling a connection sends no statement.
+			return driver.NotApplied(fmt.Errorf("acquire connection: %w", err))
+		}
+		err = call(c)
+		c.Release()
+		if !rolledBack(err) || attempt == maxAttempts || ctx.Err() != nil {
+			return classify(err)
+		}
+	}
 }
 
 // rolledBack reports whether err is the server's report that the transaction was aborted so
@@ -263,17 +594,49 @@ func rolledBack(err error) bool {
 	return errors.As(err, &pgErr) && (pgErr.Code == "40001" || pgErr.Code == "40P01")
 }
 
-// interpretError is where pgx's errors become the driver's: no row is ErrNotFound, and a
-// statement still rolled back after every attempt says so. Everything else is returned as it
-// is; it is never turned into a refusal.
-func interpretError(err error) error {
-	switch {
-	case err == nil:
+func isServerError(err error) bool {
+	var pgErr *pgconn.PgError
+	return errors.As(err, &pgErr)
+}
+
+// classify is where pgx's errors become the driver's, in one place. No row is ErrNotFound
+// (each caller knows what an absent row means). The error is marked driver.ErrNotApplied only
+// when the call certainly did not take effect:
+//   - the server answered with an ERROR: the call is one autocommit transaction, which the
+//     error rolled back (the incarnation check's own error says so too, and is
+//     driver.ErrIncarnationChanged);
+//   - pgx knows nothing was sent (pgconn.SafeToRetry: a context already done, a busy
+//     connection) or the connection could not be made (*pgconn.ConnectError).
+//
+// A FATAL or PANIC message ends the session and can arrive after the commit, and every other
+// failure after sending (a broken connection, a timeout while waiting for the reply) leaves
+// the outcome unknown: those are returned as they are. Nothing is ever turned into a refusal.
+func classify(err error) error {
+	if err == nil {
 		return nil
-	case errors.Is(err, pgx.ErrNoRows):
+	}
+	if errors.Is(err, pgx.ErrNoRows) {
 		return driver.ErrNotFound
-	case rolledBack(err):
-		return fmt.Errorf("run statement: rolled back by the server on every attempt, not applied: %w", err)
+	}
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) {
+		severity := pgErr.SeverityUnlocalized
+		if severity == "" {
+			severity = pgErr.Severity
+		}
+		switch {
+		case severity == "FATAL" || severity == "PANIC":
+			return err
+		case pgErr.Code == sqlstateIncarnation:
+			return driver.NotApplied(fmt.Errorf("%w: %s", driver.ErrIncarnationChanged, pgErr.Message))
+		case rolledBack(err):
+			return driver.NotApplied(fmt.Errorf("run statement: rolled back by the server on every attempt: %w", err))
+		}
+		return driver.NotApplied(err)
+	}
+	var connectErr *pgconn.ConnectError
+	if pgconn.SafeToRetry(err) || errors.As(err, &connectErr) {
+		return driver.NotApplied(err)
 	}
 	return err
 }
@@ -292,22 +655,4 @@ func nonNil(b []byte) []byte {
 		return []byte{}
 	}
 	return b
-}
-
-// TODO(issue 4): the recovery features below are being implemented for this backend; until then
-// they fail loudly and the conformance suite's tests for them fail.
-var errIssue4Pending = errors.New("postgres backend: epochs, operation ids and source versions are not implemented yet")
-
-func (d *Driver) ResolveOperation(context.Context, string) (driver.Operation, error) {
-	return driver.Operation{}, errIssue4Pending
-}
-
-func (d *Driver) ReadOperation(context.Context, string) (driver.Operation, error) {
-	return driver.Operation{}, errIssue4Pending
-}
-
-func (d *Driver) BumpEpoch(context.Context) (int64, error) { return 0, errIssue4Pending }
-
-func (d *Driver) PruneOperations(context.Context, time.Duration) (int64, error) {
-	return 0, errIssue4Pending
 }

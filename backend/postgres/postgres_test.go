@@ -12,6 +12,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgtype"
+	"github.com/jackc/pgx/v5/pgxpool"
 	"go.uber.org/goleak"
 
 	"github.com/fenced-dev/fenced"
@@ -101,13 +102,46 @@ func newTarget(params map[string]string) drivertest.NewTarget {
 		rawURL := testSchema(t, params)
 		admin := openDriver(t, rawURL)
 		return drivertest.Target{
-			Open: func(t *testing.T) driver.Driver { return openDriver(t, rawURL) },
-			Expire: func(ctx context.Context, resource string) error {
-				_, err := admin.Pool().Exec(ctx, sqlExpire, resource)
-				return err
-			},
+			Open:        func(t *testing.T) driver.Driver { return openDriver(t, rawURL) },
+			Expire:      expireWith(admin),
+			LostReply:   func(t *testing.T) (driver.Driver, func()) { return lossyDriver(t, rawURL) },
+			Unreachable: unreachable,
 		}
 	}
+}
+
+func expireWith(admin *Driver) func(ctx context.Context, resource string) error {
+	return func(ctx context.Context, resource string) error {
+		_, err := admin.Pool().Exec(ctx, sqlExpire, resource)
+		return err
+	}
+}
+
+// lossyDriver connects through a proxy whose next server reply can be lost after the server
+// has executed the call. pgxpool's ping of a connection idle for more than a second is turned
+// off: it would otherwise be the exchange whose reply is lost.
+func lossyDriver(t *testing.T, rawURL string) (driver.Driver, func()) {
+	u, err := url.Parse(rawURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	proxy := drivertest.StartProxy(t, u.Host)
+	u.Host = proxy.Addr()
+	cfg, err := pgxpool.ParseConfig(u.String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.ShouldPing = func(context.Context, pgxpool.ShouldPingParams) bool { return false }
+	pool, err := pgxpool.NewWithConfig(testCtx(t), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
+	return New(pool), proxy.LoseNextReply
+}
+
+func unreachable(t *testing.T) driver.Driver {
+	return openDriver(t, "postgres://postgres@"+drivertest.ClosedAddr(t)+"/postgres?sslmode=disable&connect_timeout=5")
 }
 
 // wantIsolation checks that the runtime parameter reached the server, so that a suite run under
@@ -280,7 +314,7 @@ func TestStatementsUseStatementClock(t *testing.T) {
 	}
 
 	ttl := time.Minute.Microseconds()
-	rows, err := tx.Query(ctx, sqlRenew, "r", "a", grant.Generation, ttl)
+	rows, err := tx.Query(ctx, sqlRenew, "r", "a", grant.Generation, grant.Epoch, ttl)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -292,15 +326,15 @@ func TestStatementsUseStatementClock(t *testing.T) {
 		t.Fatalf("renewal of an expired lease matched %d rows (%v)", renewed, rows.Err())
 	}
 	for _, q := range []string{sqlPublish, sqlPublishAndRelease} {
-		tag, err := tx.Exec(ctx, q, "r", "a", grant.Generation, []byte("late"))
+		tag, err := tx.Exec(ctx, q, "r", "a", grant.Generation, grant.Epoch, []byte("late"), int64(0), "op-late")
 		if err != nil || tag.RowsAffected() != 0 {
 			t.Fatalf("publication on an expired lease changed %d rows (%v):\n%s", tag.RowsAffected(), err, q)
 		}
 	}
 	var acquired, seenFree bool
-	var gen int64
+	var epoch, gen int64
 	var leaseUntil *time.Time
-	if err := tx.QueryRow(ctx, sqlAcquire, "r", "b", ttl).Scan(&acquired, &gen, &leaseUntil, &seenFree); err != nil {
+	if err := tx.QueryRow(ctx, sqlAcquire, "r", "b", ttl).Scan(&acquired, &epoch, &gen, &leaseUntil, &seenFree); err != nil {
 		t.Fatal(err)
 	}
 	if !acquired || gen != grant.Generation+1 {
@@ -311,8 +345,11 @@ func TestStatementsUseStatementClock(t *testing.T) {
 // TestNoTransactionClock is the cheap guard beside the test above: no statement names a clock
 // that is frozen at transaction start.
 func TestNoTransactionClock(t *testing.T) {
-	for _, q := range []string{sqlProvision, sqlAcquire, sqlRenew, sqlPublish, sqlPublishAndRelease,
-		sqlRelease, sqlRead, sqlReadPayload, sqlMigrationsRecord} {
+	qs := []string{sqlMigrationsRecord, sqlRecordIncarnation}
+	for _, r := range routines {
+		qs = append(qs, r.create("s"))
+	}
+	for _, q := range qs {
 		l := strings.ToLower(q)
 		for _, frozen := range []string{"now()", "current_timestamp", "transaction_timestamp", "statement_timestamp", "localtimestamp"} {
 			if strings.Contains(l, frozen) {
@@ -331,7 +368,7 @@ func TestMigrationLeavesLoggedTables(t *testing.T) {
 	if err := d.Migrate(ctx); err != nil {
 		t.Fatal(err)
 	}
-	for _, table := range []string{"fenced_resources", "fenced_schema_migrations"} {
+	for _, table := range fencedTables {
 		var persistence string
 		if err := d.Pool().QueryRow(ctx, `SELECT relpersistence::text FROM pg_class WHERE oid = $1::regclass`, table).Scan(&persistence); err != nil {
 			t.Fatal(err)
@@ -376,8 +413,8 @@ func TestConcurrentMigrate(t *testing.T) {
 	if err := drivers[0].Pool().QueryRow(ctx, `SELECT count(*), max(version) FROM fenced_schema_migrations`).Scan(&count, &version); err != nil {
 		t.Fatal(err)
 	}
-	if count != 1 || version != 1 {
-		t.Fatalf("migrations recorded: %d, latest %d; want 1 and 1", count, version)
+	if count != 2 || version != 2 {
+		t.Fatalf("migrations recorded: %d, latest %d; want 2 and 2", count, version)
 	}
 	if err := drivers[0].Migrate(ctx); err != nil { // idempotent
 		t.Fatal(err)
@@ -443,8 +480,9 @@ func TestAcquireLosingAfterLockWaitNamesWinner(t *testing.T) {
 				gen   int64
 				until pgtype.Timestamptz
 				dummy bool
+				epoch int64
 			)
-			if err := tx.QueryRow(ctx, sqlAcquire, "r", "winner", time.Minute.Microseconds()).Scan(&dummy, &gen, &until, &dummy); err != nil {
+			if err := tx.QueryRow(ctx, sqlAcquire, "r", "winner", time.Minute.Microseconds()).Scan(&dummy, &epoch, &gen, &until, &dummy); err != nil {
 				t.Fatal(err)
 			}
 

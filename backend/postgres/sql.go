@@ -1,5 +1,10 @@
 package postgres
 
+import (
+	"fmt"
+	"strings"
+)
+
 // Every statement reads the clock with clock_timestamp(), the time at the moment of the call.
 // now() and CURRENT_TIMESTAMP are frozen at the start of the transaction, so a statement that
 // waits on a row lock, or runs inside a transaction the caller opened earlier, would judge
@@ -11,6 +16,30 @@ package postgres
 // Durations arrive as microseconds ($n) and become intervals in SQL.
 const ttlInterval = `* interval '1 microsecond'`
 
+// currentEpoch is the store's epoch, read inside the statement that uses it.
+const currentEpoch = `(SELECT epoch FROM fenced_meta WHERE id = 1)`
+
+// leaseMatches is the condition every lease-carrying statement shares: $1 resource, $2 owner,
+// $3 generation, $4 epoch.
+const leaseMatches = `resource = $1 AND lease_owner = $2 AND generation = $3 AND epoch = $4`
+
+// The server's incarnation. The system identifier changes when a cluster is rebuilt from a
+// logical copy or re-initialised; the timeline changes when a standby is promoted or a
+// point-in-time recovery ends. On a primary the timeline is read from the WAL insert position
+// (the first 8 hex digits of its segment file name), which changes the moment promotion ends,
+// before any write is accepted; pg_control_checkpoint() would only catch up at the next
+// checkpoint. Both functions are executable by every role.
+const (
+	serverSystemIdentifier = `(SELECT system_identifier FROM pg_control_system())`
+	serverTimeline         = `(CASE WHEN pg_is_in_recovery() THEN (SELECT timeline_id FROM pg_control_checkpoint())::bigint
+    ELSE ('x' || substr(pg_walfile_name(pg_current_wal_lsn()), 1, 8))::bit(32)::bigint END)`
+	recordIncarnation = `system_identifier = ` + serverSystemIdentifier + `, timeline = ` + serverTimeline
+)
+
+// sqlstateIncarnation is raised by fenced_check_incarnation: a custom SQLSTATE that no server
+// error uses.
+const sqlstateIncarnation = "FNC01"
+
 const (
 	sqlProvision = `INSERT INTO fenced_resources (resource) VALUES ($1) ON CONFLICT (resource) DO NOTHING`
 
@@ -20,48 +49,234 @@ const (
 	// taken when the statement starts; if the UPDATE then waited on a concurrent acquisition and
 	// lost on the re-check, the snapshot still shows the lease free. seen_free says so, and the
 	// driver reads the row again in that case only.
+	//
+	// The epoch subquery is evaluated once, with the statement's snapshot: an acquisition that
+	// runs concurrently with BumpEpoch may still get the old epoch (with a new generation, so
+	// its token is still the greatest so far). After a restore that cannot collide with a lost
+	// token, because acquisitions are refused until the bump has recorded the new incarnation.
 	sqlAcquire = `WITH acquired AS (
     UPDATE fenced_resources
-    SET generation = generation + 1, lease_owner = $2,
+    SET generation = generation + 1, epoch = ` + currentEpoch + `, lease_owner = $2,
         lease_until = clock_timestamp() + $3::bigint ` + ttlInterval + `
     WHERE resource = $1 AND (lease_until IS NULL OR lease_until <= clock_timestamp())
-    RETURNING generation, lease_until
+    RETURNING epoch, generation, lease_until
 )
-SELECT true, generation, lease_until, false FROM acquired
+SELECT true, epoch, generation, lease_until, false FROM acquired
 UNION ALL
-SELECT false, generation, lease_until, (lease_until IS NULL OR lease_until <= clock_timestamp())
+SELECT false, epoch, generation, lease_until, (lease_until IS NULL OR lease_until <= clock_timestamp())
 FROM fenced_resources
 WHERE resource = $1 AND NOT EXISTS (SELECT FROM acquired)`
 
 	sqlRenew = `UPDATE fenced_resources
-SET lease_until = clock_timestamp() + $4::bigint ` + ttlInterval + `
-WHERE resource = $1 AND lease_owner = $2 AND generation = $3 AND lease_until > clock_timestamp()
+SET lease_until = clock_timestamp() + $5::bigint ` + ttlInterval + `
+WHERE ` + leaseMatches + ` AND lease_until > clock_timestamp()
 RETURNING lease_until`
 
-	sqlPublish = `UPDATE fenced_resources
-SET payload = $4, published_generation = $3, published_at = clock_timestamp()
-WHERE resource = $1 AND lease_owner = $2 AND generation = $3 AND lease_until > clock_timestamp()
-  AND published_generation < $3`
+	// publishSet and publishWhere: $5 payload, $6 source version (0: none), $7 operation id.
+	publishSet = `payload = $5, published_generation = $3, published_epoch = $4, published_at = clock_timestamp(),
+        source_version = CASE WHEN $6::bigint > 0 THEN $6::bigint ELSE source_version END`
+	publishWhere = leaseMatches + ` AND lease_until > clock_timestamp()
+      AND published_generation < $3 AND ($6::bigint = 0 OR source_version <= $6::bigint)
+      AND NOT EXISTS (SELECT 1 FROM fenced_operations WHERE op_id = $7)`
 
-	sqlPublishAndRelease = `UPDATE fenced_resources
-SET payload = $4, published_generation = $3, published_at = clock_timestamp(),
-    lease_owner = NULL, lease_until = NULL
-WHERE resource = $1 AND lease_owner = $2 AND generation = $3 AND lease_until > clock_timestamp()
-  AND published_generation < $3`
+	// recordAccepted completes a publication: the UPDATE above, in a CTE, and the record of its
+	// operation id are one statement, so both happen or neither does. Its row count (1 or 0)
+	// is the publication's. A Resolve that records the same id concurrently, after this
+	// statement's snapshot, makes the INSERT fail with unique_violation (or, under
+	// SERIALIZABLE, a serialization failure) and rolls the UPDATE back with it: refused.
+	recordAccepted = `)
+INSERT INTO fenced_operations (op_id, outcome, resource, epoch, generation, recorded_at)
+SELECT $7, 'accepted', resource, epoch, generation, clock_timestamp() FROM published`
+
+	sqlPublish = `WITH published AS (
+    UPDATE fenced_resources SET ` + publishSet + `
+    WHERE ` + publishWhere + `
+    RETURNING resource, epoch, generation
+` + recordAccepted
+
+	sqlPublishAndRelease = `WITH published AS (
+    UPDATE fenced_resources SET ` + publishSet + `, lease_owner = NULL, lease_until = NULL
+    WHERE ` + publishWhere + `
+    RETURNING resource, epoch, generation
+` + recordAccepted
 
 	sqlRelease = `UPDATE fenced_resources
 SET lease_owner = NULL, lease_until = NULL
-WHERE resource = $1 AND lease_owner = $2 AND generation = $3`
+WHERE ` + leaseMatches
 
-	sqlRead = `SELECT generation, lease_owner, lease_until, published_generation, published_at,
-    coalesce(octet_length(payload), 0), clock_timestamp()
+	sqlRead = `SELECT epoch, generation, lease_owner, lease_until, published_epoch, published_generation,
+    published_at, source_version, coalesce(octet_length(payload), 0)::bigint, ` + currentEpoch + `, clock_timestamp()
 FROM fenced_resources WHERE resource = $1`
 
 	sqlReadPayload = `SELECT published_generation, payload FROM fenced_resources WHERE resource = $1`
+
+	// sqlRecordAborted and sqlReadOperation are Resolve's two statements. They must be two:
+	// under READ COMMITTED, when the INSERT waits for a concurrent publication that inserts
+	// the same id and then commits, it does nothing, and a SELECT in the same statement (a CTE
+	// or RETURNING) would read with the snapshot taken before the wait and miss the committed
+	// 'accepted' row. The second statement takes a new snapshot and sees it. Under REPEATABLE
+	// READ and SERIALIZABLE the INSERT instead fails with a serialization failure when the
+	// conflicting row is not in its snapshot; the driver runs Resolve again in a new
+	// transaction, which sees the row. Any row the snapshot does see is read by the SELECT.
+	sqlRecordAborted = `INSERT INTO fenced_operations (op_id, outcome, recorded_at)
+VALUES ($1, 'aborted', clock_timestamp())
+ON CONFLICT (op_id) DO NOTHING`
+
+	sqlReadOperation = `SELECT outcome, resource, epoch, generation, recorded_at FROM fenced_operations WHERE op_id = $1`
+
+	// sqlBumpEpoch frees every lease and advances the epoch, recording the server's current
+	// incarnation, in one statement (a data-modifying CTE always runs to completion).
+	sqlBumpEpoch = `WITH freed AS (
+    UPDATE fenced_resources SET lease_owner = NULL, lease_until = NULL WHERE lease_owner IS NOT NULL
+)
+UPDATE fenced_meta SET epoch = epoch + 1, ` + recordIncarnation + ` WHERE id = 1
+RETURNING epoch`
+
+	sqlPrune = `DELETE FROM fenced_operations WHERE recorded_at < clock_timestamp() - $1::bigint ` + ttlInterval
+
+	sqlSchemaVersion = `SELECT coalesce(max(version), 0) FROM fenced_schema_migrations`
+
+	// sqlRecordIncarnation runs in every migration transaction; it fills the incarnation in
+	// only where none is recorded, so that running Migrate after a restore does not silently
+	// accept the new incarnation: only BumpEpoch does.
+	sqlRecordIncarnation = `UPDATE fenced_meta SET ` + recordIncarnation + ` WHERE id = 1 AND system_identifier IS NULL`
 )
 
-// Migration statements. The lock key is one constant for every schema: migrations are rare,
-// so serializing those of unrelated schemas costs nothing worth a per-schema key.
+// checkIncarnationBody is the body of fenced_check_incarnation(), which every lease-carrying
+// routine calls first. The server's incarnation is computed once per session and kept in a
+// session setting (it cannot change under a live session, except when the server it is
+// connected to is a standby that gets promoted, so it is not kept while in recovery). The
+// recorded incarnation is read each time, so a BumpEpoch by any process takes effect at once.
+const checkIncarnationBody = `DECLARE
+    server   text := current_setting('fenced.server_incarnation', true);
+    recorded text;
+BEGIN
+    IF server IS NULL OR server = '' THEN
+        server := ` + serverSystemIdentifier + ` || '/' || ` + serverTimeline + `;
+        IF NOT pg_is_in_recovery() THEN
+            PERFORM set_config('fenced.server_incarnation', server, false);
+        END IF;
+    END IF;
+    SELECT system_identifier || '/' || timeline INTO recorded FROM fenced_meta WHERE id = 1;
+    IF recorded IS DISTINCT FROM server THEN
+        RAISE EXCEPTION 'the server''s incarnation % differs from % recorded at the last epoch bump', server, recorded
+            USING ERRCODE = '` + sqlstateIncarnation + `';
+    END IF;
+END`
+
+// routine is one operation as a database function. Its body is built from the statement
+// constants above, so the function and the statement are the same text; the driver always
+// calls the functions (see the package documentation).
+type routine struct {
+	name   string
+	params string // argument types, in order ($1, $2, ...)
+	// returns is "TABLE (...)" for a statement that returns rows, or "bigint" for one whose
+	// row count is the result.
+	returns string
+	// before runs first (Resolve's INSERT); statement is the one whose result is returned.
+	before    string
+	statement string
+	// fenced routines check the server's incarnation first.
+	fenced bool
+	// granted routines are executable by a role passed to Grant.
+	granted bool
+}
+
+func (r routine) rows() bool { return strings.HasPrefix(r.returns, "TABLE") }
+
+// signature names the function with its argument types, as GRANT and REVOKE need.
+func (r routine) signature() string { return r.name + "(" + r.params + ")" }
+
+// call is the statement the driver sends: one round trip.
+func (r routine) call() string {
+	var args []string
+	if r.params != "" {
+		for i := range strings.Split(r.params, ",") {
+			args = append(args, fmt.Sprintf("$%d", i+1))
+		}
+	}
+	if r.rows() {
+		return "SELECT * FROM " + r.name + "(" + strings.Join(args, ", ") + ")"
+	}
+	return "SELECT " + r.name + "(" + strings.Join(args, ", ") + ")"
+}
+
+// body is the PL/pgSQL source: PL/pgSQL rather than SQL functions because it keeps each
+// statement's plan for the session.
+func (r routine) body() string {
+	if r.name == "fenced_check_incarnation" {
+		return checkIncarnationBody
+	}
+	var b strings.Builder
+	if !r.rows() {
+		b.WriteString("DECLARE\n    n bigint;\n")
+	}
+	b.WriteString("BEGIN\n")
+	if r.fenced {
+		b.WriteString("    PERFORM fenced_check_incarnation();\n")
+	}
+	if r.before != "" {
+		b.WriteString(r.before + ";\n")
+	}
+	if r.rows() {
+		b.WriteString("RETURN QUERY " + r.statement + ";\n")
+	} else {
+		b.WriteString(r.statement + ";\n    GET DIAGNOSTICS n = ROW_COUNT;\n    RETURN n;\n")
+	}
+	b.WriteString("END")
+	return b.String()
+}
+
+// create is the DDL that installs the routine in schema, running as its owner with the search
+// path fixed to that schema (and pg_temp last, so no temporary object can shadow a table).
+func (r routine) create(schema string) string {
+	return "CREATE OR REPLACE FUNCTION " + r.signature() + " RETURNS " + r.returns +
+		"\nLANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = " + schema + ", pg_temp AS $fenced$" +
+		r.body() + "$fenced$"
+}
+
+var (
+	rtCheckIncarnation = routine{name: "fenced_check_incarnation", params: "", returns: "void"}
+	rtProvision        = routine{name: "fenced_provision", params: "text", returns: "bigint", statement: sqlProvision, granted: true}
+	rtAcquire          = routine{name: "fenced_acquire", params: "text, text, bigint",
+		returns:   "TABLE (o_acquired boolean, o_epoch bigint, o_generation bigint, o_lease_until timestamptz, o_seen_free boolean)",
+		statement: sqlAcquire, fenced: true, granted: true}
+	rtRenew = routine{name: "fenced_renew", params: "text, text, bigint, bigint, bigint",
+		returns: "TABLE (o_lease_until timestamptz)", statement: sqlRenew, fenced: true, granted: true}
+	rtPublish = routine{name: "fenced_publish", params: "text, text, bigint, bigint, bytea, bigint, text",
+		returns: "bigint", statement: sqlPublish, fenced: true, granted: true}
+	rtPublishAndRelease = routine{name: "fenced_publish_and_release", params: "text, text, bigint, bigint, bytea, bigint, text",
+		returns: "bigint", statement: sqlPublishAndRelease, fenced: true, granted: true}
+	rtRelease = routine{name: "fenced_release", params: "text, text, bigint, bigint",
+		returns: "bigint", statement: sqlRelease, fenced: true, granted: true}
+	rtRead = routine{name: "fenced_read", params: "text",
+		returns: "TABLE (o_epoch bigint, o_generation bigint, o_lease_owner text, o_lease_until timestamptz, " +
+			"o_published_epoch bigint, o_published_generation bigint, o_published_at timestamptz, " +
+			"o_source_version bigint, o_payload_size bigint, o_current_epoch bigint, o_now timestamptz)",
+		statement: sqlRead, granted: true}
+	rtReadPayload = routine{name: "fenced_read_payload", params: "text",
+		returns: "TABLE (o_published_generation bigint, o_payload bytea)", statement: sqlReadPayload, granted: true}
+	operationColumns = "TABLE (o_outcome text, o_resource text, o_epoch bigint, o_generation bigint, o_recorded_at timestamptz)"
+	rtResolve        = routine{name: "fenced_resolve", params: "text", returns: operationColumns,
+		before: sqlRecordAborted, statement: sqlReadOperation, granted: true}
+	rtReadOperation = routine{name: "fenced_read_operation", params: "text", returns: operationColumns,
+		statement: sqlReadOperation, granted: true}
+	rtBumpEpoch = routine{name: "fenced_bump_epoch", params: "", returns: "TABLE (o_epoch bigint)",
+		statement: sqlBumpEpoch, granted: true}
+	rtPrune         = routine{name: "fenced_prune", params: "bigint", returns: "bigint", statement: sqlPrune, granted: true}
+	rtSchemaVersion = routine{name: "fenced_schema_version", params: "", returns: "TABLE (o_version integer)",
+		statement: sqlSchemaVersion, granted: true}
+
+	// routines are installed in this order (fenced_check_incarnation before its callers).
+	routines = []routine{rtCheckIncarnation, rtProvision, rtAcquire, rtRenew, rtPublish, rtPublishAndRelease,
+		rtRelease, rtRead, rtReadPayload, rtResolve, rtReadOperation, rtBumpEpoch, rtPrune, rtSchemaVersion}
+
+	// fencedTables are the tables a granted role may not touch directly.
+	fencedTables = []string{"fenced_resources", "fenced_operations", "fenced_meta", "fenced_schema_migrations"}
+)
+
+// Migration and grant statements. The lock key is one constant for every schema: migrations
+// are rare, so serializing those of unrelated schemas costs nothing worth a per-schema key.
 const (
 	migrateLockKey = 0x66656e636564 // "fenced"
 
@@ -72,7 +287,15 @@ const (
     applied_at timestamptz NOT NULL
 )`
 
-	sqlMigrationsCurrent = `SELECT coalesce(max(version), 0) FROM fenced_schema_migrations`
-
 	sqlMigrationsRecord = `INSERT INTO fenced_schema_migrations (version, applied_at) VALUES ($1, clock_timestamp())`
+
+	// sqlMayMigrate is false when the migrations table exists and this user may not write it:
+	// a role that Grant gave only the routines. NULL (no table yet) means a fresh schema.
+	sqlMayMigrate = `SELECT has_table_privilege(to_regclass('fenced_schema_migrations'), 'INSERT')`
+
+	// sqlInstalledRoutines lists the bodies of the fenced routines in the schema the tables are
+	// created in (the first existing schema on the search path).
+	sqlInstalledRoutines = `SELECT p.proname, p.prosrc FROM pg_proc p WHERE p.pronamespace = current_schema()::regnamespace AND p.proname LIKE 'fenced\_%'`
+
+	sqlCurrentSchema = `SELECT current_schema()`
 )
