@@ -35,52 +35,55 @@ func BenchmarkProtocol(b *testing.B) {
 	})
 }
 
-// raw is the baseline: each statement executed directly, as hand-written code would, with the
-// same text and parameters as the driver but none of its checks or retries. Its acquisition
-// is the UPDATE alone, without the read that explains a refusal.
+// raw is the baseline: each statement executed directly on the pool, as hand-written code
+// would, with the same text and parameters as the driver (the publication's transaction with
+// the record of its operation id included) but none of its checks, retries, dedicated
+// connections or error classification. Its acquisition is the UPDATE alone, without the read
+// that explains a refusal.
 type raw struct {
 	db  *sql.DB
 	sql statements
 }
 
-func (r raw) Acquire(ctx context.Context, resource, owner string, ttl time.Duration) (int64, bool, error) {
+func (r raw) Acquire(ctx context.Context, resource, owner string, ttl time.Duration) (driver.Grant, bool, error) {
 	args, err := acquireArgs(resource, owner, ttl)
 	if err != nil {
-		return 0, false, err
+		return driver.Grant{}, false, err
 	}
 	var (
-		gen      int64
-		until    time.Time
+		g        driver.Grant
 		acquired int64
 	)
-	err = r.db.QueryRowContext(ctx, r.sql.acquireUpdate, args...).Scan(&gen, &until, &acquired)
+	err = r.db.QueryRowContext(ctx, r.sql.acquireUpdate, args...).Scan(&g.Epoch, &g.Generation, &g.LeaseUntil, &acquired)
 	if errors.Is(err, sql.ErrNoRows) {
-		return 0, false, nil
+		return driver.Grant{}, false, nil
 	}
-	return gen, err == nil, err
+	return g, err == nil, err
 }
 
-func (r raw) exec(ctx context.Context, query string, args []any) (bool, error) {
-	res, err := r.db.ExecContext(ctx, query, args...)
-	if err != nil {
+func (r raw) Publish(ctx context.Context, l driver.LeaseRef, p driver.Publication) (bool, error) {
+	return r.count(ctx, r.sql.text[opPublish], publishArgs(l, p))
+}
+
+func (r raw) PublishAndRelease(ctx context.Context, l driver.LeaseRef, p driver.Publication) (bool, error) {
+	return r.count(ctx, r.sql.text[opPublishAndRelease], publishArgs(l, p))
+}
+
+// Release counts the OUTPUT row of the conditional UPDATE.
+func (r raw) Release(ctx context.Context, l driver.LeaseRef) (bool, error) {
+	var gen int64
+	err := r.db.QueryRowContext(ctx, r.sql.text[opRelease], leaseArgs(l)...).Scan(&gen)
+	if errors.Is(err, sql.ErrNoRows) {
+		return false, nil
+	}
+	return err == nil, err
+}
+
+// count reads a publication batch's answer, the number of rows it published.
+func (r raw) count(ctx context.Context, query string, args []any) (bool, error) {
+	var n int64
+	if err := r.db.QueryRowContext(ctx, query, args...).Scan(&n); err != nil {
 		return false, err
 	}
-	n, err := res.RowsAffected()
-	return n == 1, err
-}
-
-func ref(resource, owner string, gen int64) driver.LeaseRef {
-	return driver.LeaseRef{Resource: resource, Owner: owner, Generation: gen}
-}
-
-func (r raw) Publish(ctx context.Context, resource, owner string, gen int64, p []byte) (bool, error) {
-	return r.exec(ctx, r.sql.publish, publishArgs(ref(resource, owner, gen), p))
-}
-
-func (r raw) PublishAndRelease(ctx context.Context, resource, owner string, gen int64, p []byte) (bool, error) {
-	return r.exec(ctx, r.sql.publishAndRelease, publishArgs(ref(resource, owner, gen), p))
-}
-
-func (r raw) Release(ctx context.Context, resource, owner string, gen int64) (bool, error) {
-	return r.exec(ctx, r.sql.release, leaseArgs(ref(resource, owner, gen)))
+	return n == 1, nil
 }

@@ -21,7 +21,7 @@ import (
 
 var (
 	t0    = time.Date(2026, 1, 2, 3, 4, 5, 600700800, time.UTC)
-	lease = driver.LeaseRef{Resource: "jobs/é", Owner: "OWNER1", Generation: 7}
+	lease = driver.LeaseRef{Resource: "jobs/é", Owner: "OWNER1", Epoch: 2, Generation: 7}
 )
 
 type arg struct {
@@ -43,9 +43,13 @@ func wantCall(t *testing.T, got call, kind, query string, args ...arg) {
 	}
 }
 
+// newTestDriver returns a driver that sends its statements directly, as a login that may
+// write the tables does, without asking the server first (see TestModeDetection).
 func newTestDriver(t *testing.T, replies ...reply) (*Driver, *recorder) {
 	rec, db := newRecorder(t, replies...)
-	return New(db), rec
+	d := New(db)
+	d.mode.Store(modeDirect)
+	return d, rec
 }
 
 func ctxT(t *testing.T) context.Context {
@@ -55,29 +59,29 @@ func ctxT(t *testing.T) context.Context {
 }
 
 func acquireSets(rows ...[]sqldriver.Value) []resultSet {
-	cols := []string{"generation", "lease_until", "acquired"}
+	cols := []string{"epoch", "generation", "lease_until", "acquired"}
 	return []resultSet{{cols: cols, rows: rows}}
 }
 
 func TestAcquireSendsItsParameters(t *testing.T) {
-	d, rec := newTestDriver(t, reply{sets: acquireSets([]sqldriver.Value{int64(8), t0, int64(1)})})
+	d, rec := newTestDriver(t, reply{sets: acquireSets([]sqldriver.Value{int64(3), int64(8), t0, int64(1)})})
 	g, err := d.Acquire(ctxT(t), "jobs/é", "OWNER1", 90*time.Minute+1500*time.Microsecond)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if g.Generation != 8 || !g.LeaseUntil.Equal(t0) || g.LeaseUntil.Location() != time.UTC {
+	if g.Epoch != 3 || g.Generation != 8 || !g.LeaseUntil.Equal(t0) || g.LeaseUntil.Location() != time.UTC {
 		t.Fatalf("grant %+v", g)
 	}
 	calls := rec.Calls()
 	if len(calls) != 1 {
 		t.Fatalf("%d calls", len(calls))
 	}
-	wantCall(t, calls[0], "query", d.sql.acquire,
+	wantCall(t, calls[0], "query", d.sql.text[opAcquire],
 		arg{"resource", "jobs/é"}, arg{"owner", "OWNER1"}, arg{"ttl_s", int32(5400)}, arg{"ttl_us", int32(1500)})
 }
 
 func TestAcquireReadsTheWholeReply(t *testing.T) {
-	busyRow := []sqldriver.Value{int64(9), t0, int64(0)}
+	busyRow := []sqldriver.Value{int64(2), int64(9), t0, int64(0)}
 	tests := []struct {
 		name    string
 		reply   reply
@@ -87,13 +91,13 @@ func TestAcquireReadsTheWholeReply(t *testing.T) {
 		{"busy: the update matched nothing, the holder follows", reply{sets: append(acquireSets(),
 			acquireSets(busyRow)...)}, func(_ driver.Grant, err error) error {
 			var busy *driver.BusyError
-			if !errors.As(err, &busy) || busy.Generation != 9 || !busy.LeaseUntil.Equal(t0) {
+			if !errors.As(err, &busy) || busy.Epoch != 2 || busy.Generation != 9 || !busy.LeaseUntil.Equal(t0) {
 				return fmt.Errorf("got %v, want busy at generation 9", err)
 			}
 			return nil
 		}, 1},
 		{"busy with a free row read after (a release came in between)", reply{sets: append(acquireSets(),
-			acquireSets([]sqldriver.Value{int64(9), nil, int64(0)})...)}, func(_ driver.Grant, err error) error {
+			acquireSets([]sqldriver.Value{int64(2), int64(9), nil, int64(0)})...)}, func(_ driver.Grant, err error) error {
 			var busy *driver.BusyError
 			if !errors.As(err, &busy) || !busy.LeaseUntil.IsZero() {
 				return fmt.Errorf("got %v, want busy with no expiry", err)
@@ -107,7 +111,7 @@ func TestAcquireReadsTheWholeReply(t *testing.T) {
 				}
 				return nil
 			}, 1},
-		{"an error after the OUTPUT row voids it", reply{sets: acquireSets([]sqldriver.Value{int64(8), t0, int64(1)}),
+		{"an error after the OUTPUT row voids it", reply{sets: acquireSets([]sqldriver.Value{int64(2), int64(8), t0, int64(1)}),
 			rowsErr: mssql.Error{Number: 8115, Message: "Arithmetic overflow"}},
 			func(g driver.Grant, err error) error {
 				var busy *driver.BusyError
@@ -116,8 +120,8 @@ func TestAcquireReadsTheWholeReply(t *testing.T) {
 				}
 				return nil
 			}, 1},
-		{"two rows: not a unique key", reply{sets: acquireSets([]sqldriver.Value{int64(8), t0, int64(1)},
-			[]sqldriver.Value{int64(8), t0, int64(1)})}, func(_ driver.Grant, err error) error {
+		{"two rows: not a unique key", reply{sets: acquireSets([]sqldriver.Value{int64(2), int64(8), t0, int64(1)},
+			[]sqldriver.Value{int64(2), int64(8), t0, int64(1)})}, func(_ driver.Grant, err error) error {
 			if err == nil || !strings.Contains(err.Error(), "not unique") {
 				return fmt.Errorf("got %v", err)
 			}
@@ -157,35 +161,53 @@ func TestRenewSendsItsParameters(t *testing.T) {
 		t.Fatalf("renew with no row back: ok %v, err %v; want refused", ok, err)
 	}
 	calls := rec.Calls()
-	wantCall(t, calls[0], "query", d.sql.renew, arg{"resource", "jobs/é"}, arg{"owner", "OWNER1"},
-		arg{"generation", int64(7)}, arg{"ttl_s", int32(2400)}, arg{"ttl_us", int32(0)})
+	wantCall(t, calls[0], "query", d.sql.text[opRenew], arg{"resource", "jobs/é"}, arg{"owner", "OWNER1"},
+		arg{"generation", int64(7)}, arg{"epoch", int64(2)}, arg{"ttl_s", int32(2400)}, arg{"ttl_us", int32(0)})
+}
+
+func count(n int64) reply {
+	return reply{sets: []resultSet{{cols: []string{"n"}, rows: [][]sqldriver.Value{{n}}}}}
+}
+
+func outputRows(n int) reply {
+	rows := make([][]sqldriver.Value, n)
+	for i := range rows {
+		rows[i] = []sqldriver.Value{int64(7)}
+	}
+	return reply{sets: []resultSet{{cols: []string{"generation"}, rows: rows}}}
 }
 
 func TestPublishReleaseSendTheirParameters(t *testing.T) {
 	payload := []byte{0, 1, 2}
+	pub := driver.Publication{Payload: payload, OpID: "op-1", SourceVersion: 12}
+	leaseArgs := []arg{{"resource", "jobs/é"}, {"owner", "OWNER1"}, {"generation", int64(7)}, {"epoch", int64(2)}}
+	pubArgs := func(p []byte, sv int64, id string) []arg {
+		return append(append([]arg(nil), leaseArgs...), arg{"payload", p}, arg{"source_version", sv}, arg{"op_id", id})
+	}
+	// Exactly one published or freed row is acceptance; none is refusal; more is an error.
+	counts := []reply{count(1), count(0), count(2)}
+	outputs := []reply{outputRows(1), outputRows(0), outputRows(2)}
 	tests := []struct {
-		name  string
-		query func(*Driver) string
-		run   func(*Driver, context.Context) (bool, error)
-		args  []arg
+		name    string
+		op      op
+		replies []reply
+		run     func(*Driver, context.Context) (bool, error)
+		args    []arg
 	}{
-		{"publish", func(d *Driver) string { return d.sql.publish },
-			func(d *Driver, c context.Context) (bool, error) { return d.Publish(c, lease, payload) },
-			[]arg{{"resource", "jobs/é"}, {"owner", "OWNER1"}, {"generation", int64(7)}, {"payload", payload}}},
-		{"publish empty", func(d *Driver) string { return d.sql.publish },
-			func(d *Driver, c context.Context) (bool, error) { return d.Publish(c, lease, nil) },
-			[]arg{{"resource", "jobs/é"}, {"owner", "OWNER1"}, {"generation", int64(7)}, {"payload", []byte{}}}},
-		{"publish and release", func(d *Driver) string { return d.sql.publishAndRelease },
-			func(d *Driver, c context.Context) (bool, error) { return d.PublishAndRelease(c, lease, payload) },
-			[]arg{{"resource", "jobs/é"}, {"owner", "OWNER1"}, {"generation", int64(7)}, {"payload", payload}}},
-		{"release", func(d *Driver) string { return d.sql.release },
-			func(d *Driver, c context.Context) (bool, error) { return d.Release(c, lease) },
-			[]arg{{"resource", "jobs/é"}, {"owner", "OWNER1"}, {"generation", int64(7)}}},
+		{"publish", opPublish, counts,
+			func(d *Driver, c context.Context) (bool, error) { return d.Publish(c, lease, pub) }, pubArgs(payload, 12, "op-1")},
+		{"publish empty", opPublish, counts,
+			func(d *Driver, c context.Context) (bool, error) {
+				return d.Publish(c, lease, driver.Publication{OpID: "op-2"})
+			}, pubArgs([]byte{}, 0, "op-2")},
+		{"publish and release", opPublishAndRelease, counts,
+			func(d *Driver, c context.Context) (bool, error) { return d.PublishAndRelease(c, lease, pub) }, pubArgs(payload, 12, "op-1")},
+		{"release", opRelease, outputs,
+			func(d *Driver, c context.Context) (bool, error) { return d.Release(c, lease) }, leaseArgs},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			// Exactly one changed row is acceptance; none is refusal; more is an error.
-			d, rec := newTestDriver(t, reply{affected: 1}, reply{affected: 0}, reply{affected: 2})
+			d, rec := newTestDriver(t, tt.replies...)
 			for i, want := range []struct {
 				ok  bool
 				err bool
@@ -196,17 +218,82 @@ func TestPublishReleaseSendTheirParameters(t *testing.T) {
 				}
 			}
 			for _, c := range rec.Calls() {
-				wantCall(t, c, "exec", tt.query(d), tt.args...)
+				wantCall(t, c, "query", d.sql.text[tt.op], tt.args...)
 			}
 		})
 	}
 }
 
+func TestPublishDuplicateOperationIsRefused(t *testing.T) {
+	// The range lock should make this impossible; if the insert still meets the id, XACT_ABORT
+	// rolled the publication back and the id is someone else's: refused, not an error.
+	d, rec := newTestDriver(t, reply{err: mssql.Error{Number: errDuplicateKey, Class: 14, Message: "Violation of PRIMARY KEY constraint"}})
+	ok, err := d.Publish(ctxT(t), lease, driver.Publication{OpID: "op-1"})
+	if ok || err != nil {
+		t.Fatalf("publish meeting a recorded id: %v, %v; want refused", ok, err)
+	}
+	if n := len(rec.Calls()); n != 1 {
+		t.Fatalf("%d calls, want 1 (a duplicate key is not retried)", n)
+	}
+}
+
+func TestOperationsSendTheirParameters(t *testing.T) {
+	opCols := []string{"outcome", "resource", "epoch", "generation", "recorded_at"}
+	accepted := reply{sets: []resultSet{{cols: opCols, rows: [][]sqldriver.Value{{"accepted", "jobs/é", int64(2), int64(7), t0}}}}}
+	aborted := reply{sets: []resultSet{{cols: opCols, rows: [][]sqldriver.Value{{"aborted", nil, nil, nil, t0}}}}}
+	none := reply{sets: []resultSet{{cols: opCols}}}
+	d, rec := newTestDriver(t, accepted, aborted, none, none, count(5), count(3))
+	c := ctxT(t)
+
+	op, err := d.ResolveOperation(c, "op-1")
+	want := driver.Operation{OpID: "op-1", Outcome: "accepted", Resource: "jobs/é", Epoch: 2, Generation: 7, RecordedAt: t0}
+	if err != nil || op != want {
+		t.Fatalf("resolve accepted: %+v, %v", op, err)
+	}
+	if op, err := d.ResolveOperation(c, "op-2"); err != nil || op != (driver.Operation{OpID: "op-2", Outcome: "aborted", RecordedAt: t0}) {
+		t.Fatalf("resolve aborted: %+v, %v", op, err)
+	}
+	if _, err := d.ResolveOperation(c, "op-3"); err == nil {
+		t.Fatal("resolve with no outcome back is not an error")
+	}
+	if op, err := d.ReadOperation(c, "op-4"); err != nil || op != (driver.Operation{OpID: "op-4"}) {
+		t.Fatalf("read an unrecorded id: %+v, %v", op, err)
+	}
+	if e, err := d.BumpEpoch(c); err != nil || e != 5 {
+		t.Fatalf("bump epoch: %d, %v", e, err)
+	}
+	if n, err := d.PruneOperations(c, 36*time.Hour+250*time.Millisecond); err != nil || n != 3 {
+		t.Fatalf("prune: %d, %v", n, err)
+	}
+	calls := rec.Calls()
+	wantCall(t, calls[0], "query", d.sql.text[opResolve], arg{"op_id", "op-1"})
+	wantCall(t, calls[1], "query", d.sql.text[opResolve], arg{"op_id", "op-2"})
+	wantCall(t, calls[3], "query", d.sql.text[opReadOperation], arg{"op_id", "op-4"})
+	wantCall(t, calls[4], "query", d.sql.text[opBumpEpoch])
+	wantCall(t, calls[5], "query", d.sql.text[opPrune], arg{"age_s", int32(129600)}, arg{"age_us", int32(250000)})
+
+	d, rec = newTestDriver(t)
+	if _, err := d.PruneOperations(c, 0); err == nil {
+		t.Fatal("prune with age 0")
+	}
+	if n := len(rec.Calls()); n != 0 {
+		t.Fatalf("%d statements sent", n)
+	}
+}
+
+func TestBumpEpochWithoutMetaRow(t *testing.T) {
+	d, _ := newTestDriver(t, reply{sets: []resultSet{{cols: []string{"epoch"}, rows: [][]sqldriver.Value{{nil}}}}})
+	if _, err := d.BumpEpoch(ctxT(t)); err == nil || !strings.Contains(err.Error(), "no epoch row") {
+		t.Fatalf("bump epoch with no meta row: %v", err)
+	}
+}
+
 func TestProvisionAndReadsSendTheResource(t *testing.T) {
-	read := []resultSet{{cols: []string{"g", "o", "u", "pg", "pa", "n", "now"},
-		rows: [][]sqldriver.Value{{int64(3), "OWNER1", t0, int64(2), t0.Add(-time.Hour), int64(5), t0.Add(-time.Second)}}}}
+	read := []resultSet{{cols: []string{"e", "g", "o", "u", "pe", "pg", "pa", "sv", "n", "ce", "now"},
+		rows: [][]sqldriver.Value{{int64(1), int64(3), "OWNER1", t0, int64(1), int64(2), t0.Add(-time.Hour), int64(9),
+			int64(5), int64(2), t0.Add(-time.Second)}}}}
 	payload := []resultSet{{cols: []string{"pg", "p"}, rows: [][]sqldriver.Value{{int64(2), []byte("hello")}}}}
-	d, rec := newTestDriver(t, reply{affected: 1}, reply{sets: read}, reply{sets: payload})
+	d, rec := newTestDriver(t, reply{}, reply{sets: read}, reply{sets: payload})
 	c := ctxT(t)
 	if err := d.Provision(c, "jobs/é"); err != nil {
 		t.Fatal(err)
@@ -215,8 +302,9 @@ func TestProvisionAndReadsSendTheResource(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	want := driver.State{Resource: "jobs/é", Generation: 3, Owner: "OWNER1", LeaseUntil: t0, PublishedGeneration: 2,
-		PublishedAt: t0.Add(-time.Hour), PayloadSize: 5, Now: t0.Add(-time.Second)}
+	want := driver.State{Resource: "jobs/é", Epoch: 1, Generation: 3, Owner: "OWNER1", LeaseUntil: t0, PublishedEpoch: 1,
+		PublishedGeneration: 2, PublishedAt: t0.Add(-time.Hour), SourceVersion: 9, PayloadSize: 5, CurrentEpoch: 2,
+		Now: t0.Add(-time.Second)}
 	if st != want || !st.Held() {
 		t.Fatalf("read %+v\nwant %+v", st, want)
 	}
@@ -225,9 +313,9 @@ func TestProvisionAndReadsSendTheResource(t *testing.T) {
 		t.Fatalf("read payload: %q %d %v", p, gen, err)
 	}
 	calls := rec.Calls()
-	wantCall(t, calls[0], "exec", d.sql.provision, arg{"resource", "jobs/é"})
-	wantCall(t, calls[1], "query", d.sql.read, arg{"resource", "jobs/é"})
-	wantCall(t, calls[2], "query", d.sql.readPayload, arg{"resource", "jobs/é"})
+	wantCall(t, calls[0], "query", d.sql.text[opProvision], arg{"resource", "jobs/é"})
+	wantCall(t, calls[1], "query", d.sql.text[opRead], arg{"resource", "jobs/é"})
+	wantCall(t, calls[2], "query", d.sql.text[opReadPayload], arg{"resource", "jobs/é"})
 }
 
 func TestReadsOfAMissingRow(t *testing.T) {
@@ -258,7 +346,7 @@ func TestRollbacksAreRetriedABoundedNumberOfTimes(t *testing.T) {
 	deadlock := reply{err: mssql.Error{Number: errDeadlockVictim, Message: "chosen as the deadlock victim"}}
 	conflict := reply{err: mssql.Error{Number: errUpdateConflict, Message: "update conflict"}}
 
-	d, rec := newTestDriver(t, deadlock, conflict, reply{affected: 1})
+	d, rec := newTestDriver(t, deadlock, conflict, outputRows(1))
 	if ok, err := d.Release(ctxT(t), lease); !ok || err != nil {
 		t.Fatalf("release after two rollbacks: %v %v", ok, err)
 	}
@@ -267,9 +355,10 @@ func TestRollbacksAreRetriedABoundedNumberOfTimes(t *testing.T) {
 	}
 
 	d, rec = newTestDriver(t, deadlock, deadlock, deadlock, reply{affected: 1})
-	ok, err := d.Publish(ctxT(t), lease, []byte("x"))
+	ok, err := d.Publish(ctxT(t), lease, driver.Publication{Payload: []byte("x"), OpID: "op"})
 	var me mssql.Error
-	if ok || !errors.Is(err, ErrRolledBack) || !errors.As(err, &me) || me.Number != errDeadlockVictim {
+	if ok || !errors.Is(err, ErrRolledBack) || !errors.Is(err, driver.ErrNotApplied) || !errors.As(err, &me) ||
+		me.Number != errDeadlockVictim {
 		t.Fatalf("publish rolled back three times: %v %v", ok, err)
 	}
 	if !strings.HasPrefix(err.Error(), "update publication: rolled back by SQL Server: ") {
@@ -279,7 +368,7 @@ func TestRollbacksAreRetriedABoundedNumberOfTimes(t *testing.T) {
 		t.Fatalf("%d calls, want %d", n, attempts)
 	}
 
-	d, rec = newTestDriver(t, deadlock, reply{sets: acquireSets([]sqldriver.Value{int64(1), t0, int64(1)})})
+	d, rec = newTestDriver(t, deadlock, reply{sets: acquireSets([]sqldriver.Value{int64(1), int64(1), t0, int64(1)})})
 	if g, err := d.Acquire(ctxT(t), "r", "o", time.Minute); err != nil || g.Generation != 1 {
 		t.Fatalf("acquire after a deadlock: %+v %v", g, err)
 	}
@@ -301,11 +390,11 @@ func TestRollbacksAreRetriedABoundedNumberOfTimes(t *testing.T) {
 func TestTrailingSpaceIsRefusedBeforeSending(t *testing.T) {
 	d, rec := newTestDriver(t)
 	c := ctxT(t)
-	l := driver.LeaseRef{Resource: "r ", Owner: "o", Generation: 1}
+	l := driver.LeaseRef{Resource: "r ", Owner: "o", Epoch: 1, Generation: 1}
 	_, acqErr := d.Acquire(c, "r ", "o", time.Minute)
 	_, _, renewErr := d.Renew(c, l, time.Minute)
-	_, pubErr := d.Publish(c, l, nil)
-	_, parErr := d.PublishAndRelease(c, l, nil)
+	_, pubErr := d.Publish(c, l, driver.Publication{OpID: "op"})
+	_, parErr := d.PublishAndRelease(c, l, driver.Publication{OpID: "op"})
 	_, relErr := d.Release(c, l)
 	_, readErr := d.Read(c, "r ")
 	_, _, payErr := d.ReadPayload(c, "r ")
@@ -339,7 +428,11 @@ func TestMigrateRunsInOneLockedTransaction(t *testing.T) {
 	version := func(v int64) reply {
 		return reply{sets: []resultSet{{cols: []string{"v"}, rows: [][]sqldriver.Value{{v}}}}}
 	}
-	rec, db := newRecorder(t, status(0), reply{}, reply{}, version(0), reply{}, reply{})
+	privileges := func(canUpdate, procedure any) reply {
+		return reply{sets: []resultSet{{cols: []string{"u", "p"}, rows: [][]sqldriver.Value{{canUpdate, procedure}}}}}
+	}
+	rec, db := newRecorder(t, status(0), reply{}, reply{}, version(0), reply{}, reply{}, reply{}, reply{},
+		privileges(int64(1), nil))
 	d, err := NewWithConfig(db, &Config{Schema: "fenced_t"})
 	if err != nil {
 		t.Fatal(err)
@@ -347,9 +440,10 @@ func TestMigrateRunsInOneLockedTransaction(t *testing.T) {
 	if err := d.Migrate(ctxT(t)); err != nil {
 		t.Fatal(err)
 	}
-	body, _ := migrations.ReadFile("migrations/0001_create_resources.sql")
+	body1, _ := migrations.ReadFile("migrations/0001_create_resources.sql")
+	body2, _ := migrations.ReadFile("migrations/0002_epochs_operations_sources.sql")
 	calls := rec.Calls()
-	if len(calls) != 8 {
+	if len(calls) != 11 {
 		t.Fatalf("%d calls: %+v", len(calls), calls)
 	}
 	wantCall(t, calls[0], "begin", "")
@@ -357,17 +451,29 @@ func TestMigrateRunsInOneLockedTransaction(t *testing.T) {
 	wantCall(t, calls[2], "exec", sqlCreateSchema, arg{"schema", "fenced_t"})
 	wantCall(t, calls[3], "exec", d.sql.createMigrations)
 	wantCall(t, calls[4], "query", d.sql.schemaVersion)
-	wantCall(t, calls[5], "exec", d.sql.names.Replace(string(body)))
+	wantCall(t, calls[5], "exec", d.sql.names.Replace(string(body1)))
 	wantCall(t, calls[6], "exec", d.sql.recordMigration, arg{"version", int32(1)})
-	wantCall(t, calls[7], "commit", "")
+	wantCall(t, calls[7], "exec", d.sql.names.Replace(string(body2)))
+	wantCall(t, calls[8], "exec", d.sql.recordMigration, arg{"version", int32(2)})
+	wantCall(t, calls[9], "commit", "")
+	// Then it asks once how to send statements.
+	wantCall(t, calls[10], "query", sqlPrivileges, arg{"table", "[fenced_t].[fenced_resources]"},
+		arg{"procedure", "[fenced_t].[fenced_acquire]"})
+	if d.mode.Load() != modeDirect {
+		t.Fatalf("mode %d after a login that may update the table migrated", d.mode.Load())
+	}
 
 	// Up to date: nothing is applied.
-	rec, db = newRecorder(t, status(1), reply{}, reply{}, version(1))
-	if err := New(db).Migrate(ctxT(t)); err != nil {
+	rec, db = newRecorder(t, status(1), reply{}, reply{}, version(2), privileges(int64(0), int64(1234)))
+	d = New(db)
+	if err := d.Migrate(ctxT(t)); err != nil {
 		t.Fatal(err)
 	}
-	if calls := rec.Calls(); len(calls) != 6 || calls[5].kind != "commit" {
+	if calls := rec.Calls(); len(calls) != 7 || calls[5].kind != "commit" {
 		t.Fatalf("up to date: %+v", calls)
+	}
+	if d.mode.Load() != modeProcedures {
+		t.Fatalf("mode %d after a login that may not update the table migrated", d.mode.Load())
 	}
 
 	// The lock timed out: roll back and say so.

@@ -16,9 +16,10 @@ import (
 // concurrency or the protocol's behavior, which only a real SQL Server can show
 // (sqlserver_test.go runs the conformance suite against one).
 type recorder struct {
-	mu      sync.Mutex
-	calls   []call
-	replies []reply
+	mu         sync.Mutex
+	calls      []call
+	replies    []reply
+	connectErr error // returned by Connect instead of a connection, when set
 }
 
 // call is one statement as database/sql handed it to the driver.
@@ -68,8 +69,15 @@ func (r *recorder) Calls() []call {
 	return append([]call(nil), r.calls...)
 }
 
-func (r *recorder) Connect(context.Context) (driver.Conn, error) { return &recConn{r}, nil }
-func (r *recorder) Driver() driver.Driver                        { return recDriver{} }
+func (r *recorder) Connect(context.Context) (driver.Conn, error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.connectErr != nil {
+		return nil, r.connectErr
+	}
+	return &recConn{r}, nil
+}
+func (r *recorder) Driver() driver.Driver { return recDriver{} }
 
 type recDriver struct{}
 

@@ -1,12 +1,17 @@
 package sqlserver
 
 import (
+	"database/sql"
 	"io/fs"
 	"math"
 	"net/url"
+	"reflect"
+	"regexp"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/fenced-dev/fenced/driver"
 )
 
 // forbiddenClocks are clock functions that must never judge or stamp a lease: they follow the
@@ -16,62 +21,173 @@ var forbiddenClocks = []string{"GETDATE", "CURRENT_TIMESTAMP", "SYSDATETIME(", "
 
 func TestStatementsHoldTheProtocolConditions(t *testing.T) {
 	s := newStatements(DefaultSchema)
-	lease := []string{"resource = @resource", "lease_owner = @owner", "generation = @generation"}
+	lease := []string{"resource = @resource", "lease_owner = @owner", "generation = @generation", "epoch = @epoch"}
 	live := "lease_until > SYSUTCDATETIME()"
-	unpublished := "published_generation < @generation"
+	publish := []string{"payload = @payload", "published_generation = @generation", "published_epoch = @epoch",
+		"published_at = SYSUTCDATETIME()", live, "published_generation < @generation",
+		"source_version = CASE WHEN @source_version > 0 THEN @source_version ELSE source_version END",
+		"(@source_version = 0 OR source_version <= @source_version)",
+		"NOT EXISTS (SELECT 1 FROM [dbo].[fenced_operations] WITH (UPDLOCK, HOLDLOCK) WHERE op_id = @op_id)",
+		"DECLARE @rows INT;\nBEGIN TRANSACTION;\nUPDATE [dbo].[fenced_resources] SET ",
+		"SELECT @rows = @@ROWCOUNT;\nIF @rows = 1\n    INSERT INTO [dbo].[fenced_operations] (op_id, outcome, resource, epoch, generation, recorded_at)\n" +
+			"    VALUES (@op_id, 'accepted', @resource, @epoch, @generation, SYSUTCDATETIME());\n" +
+			"SELECT @rows AS published;\nCOMMIT TRANSACTION;"}
 	tests := []struct {
 		name     string
-		text     string
+		op       op
 		contains []string
 		absent   []string
 	}{
-		{"provision", s.provision, []string{"INSERT INTO [dbo].[fenced_resources] (resource)",
+		{"provision", opProvision, []string{"INSERT INTO [dbo].[fenced_resources] (resource)",
 			"WHERE NOT EXISTS", "WITH (UPDLOCK, HOLDLOCK) WHERE resource = @resource"}, []string{"UPDATE", "MERGE"}},
-		{"acquire", s.acquire, []string{"UPDATE [dbo].[fenced_resources]", "SET generation = generation + 1",
-			"lease_owner = @owner", "OUTPUT inserted.generation, TODATETIMEOFFSET(inserted.lease_until, 0), 1 AS acquired",
+		{"acquire", opAcquire, []string{"UPDATE [dbo].[fenced_resources]", "SET generation = generation + 1",
+			"epoch = (SELECT epoch FROM [dbo].[fenced_meta] WITH (HOLDLOCK) WHERE id = 1)",
+			"lease_owner = @owner",
+			"OUTPUT inserted.epoch, inserted.generation, TODATETIMEOFFSET(inserted.lease_until, 0), 1 AS acquired",
 			"WHERE resource = @resource AND (lease_until IS NULL OR lease_until <= SYSUTCDATETIME())",
 			"lease_until = " + leaseEnd, "IF @@ROWCOUNT = 0",
-			"SELECT generation, TODATETIMEOFFSET(lease_until, 0), 0 AS acquired FROM [dbo].[fenced_resources] WHERE resource = @resource"}, []string{"@generation"}},
-		{"renew", s.renew, append([]string{"SET lease_until = " + leaseEnd,
+			"SELECT epoch, generation, TODATETIMEOFFSET(lease_until, 0), 0 AS acquired FROM [dbo].[fenced_resources] WHERE resource = @resource"},
+			[]string{"@generation", "@epoch"}},
+		{"renew", opRenew, append([]string{"SET lease_until = " + leaseEnd,
 			"OUTPUT TODATETIMEOFFSET(inserted.lease_until, 0)", live}, lease...), []string{"generation + 1"}},
-		{"publish", s.publish, append([]string{"payload = @payload",
-			"published_generation = @generation", "published_at = SYSUTCDATETIME()", live, unpublished}, lease...),
-			[]string{"lease_owner = NULL"}},
-		{"publish and release", s.publishAndRelease, append([]string{"payload = @payload",
-			"published_generation = @generation", "lease_owner = NULL, lease_until = NULL", live, unpublished}, lease...), nil},
-		{"release", s.release, append([]string{"SET lease_owner = NULL, lease_until = NULL"}, lease...),
-			[]string{"payload", "generation + 1"}},
-		{"read", s.read, []string{"TODATETIMEOFFSET(lease_until, 0)", "TODATETIMEOFFSET(published_at, 0)",
+		{"publish", opPublish, append(publish, lease...), []string{"lease_owner = NULL"}},
+		{"publish and release", opPublishAndRelease, append(append([]string{"lease_owner = NULL, lease_until = NULL"},
+			publish...), lease...), nil},
+		{"release", opRelease, append([]string{"SET lease_owner = NULL, lease_until = NULL", "OUTPUT inserted.generation"},
+			lease...), []string{"payload", "generation + 1"}},
+		{"read", opRead, []string{"SELECT epoch, generation, lease_owner, TODATETIMEOFFSET(lease_until, 0)",
+			"published_epoch, published_generation, TODATETIMEOFFSET(published_at, 0), source_version",
+			"(SELECT epoch FROM [dbo].[fenced_meta] WHERE id = 1)",
 			"TODATETIMEOFFSET(SYSUTCDATETIME(), 0)", "DATALENGTH(payload)", "WHERE resource = @resource"}, nil},
-		{"read payload", s.readPayload, []string{"published_generation, payload", "WHERE resource = @resource"}, nil},
+		{"read payload", opReadPayload, []string{"published_generation, payload", "WHERE resource = @resource"}, nil},
+		{"resolve", opResolve, []string{"BEGIN TRANSACTION;\nINSERT INTO [dbo].[fenced_operations] (op_id, outcome, recorded_at)\n" +
+			"SELECT @op_id, 'aborted', SYSUTCDATETIME()\n" +
+			"WHERE NOT EXISTS (SELECT 1 FROM [dbo].[fenced_operations] WITH (UPDLOCK, HOLDLOCK) WHERE op_id = @op_id);\n" +
+			"SELECT outcome, resource, epoch, generation, TODATETIMEOFFSET(recorded_at, 0) FROM [dbo].[fenced_operations] WHERE op_id = @op_id;\n" +
+			"COMMIT TRANSACTION;"}, []string{"UPDATE", "DELETE"}},
+		{"read operation", opReadOperation, []string{"SELECT outcome, resource, epoch, generation, TODATETIMEOFFSET(recorded_at, 0) FROM [dbo].[fenced_operations] WHERE op_id = @op_id"},
+			[]string{"INSERT", "BEGIN TRANSACTION", "XACT_ABORT"}},
+		{"bump epoch", opBumpEpoch, []string{"DECLARE @new_epoch BIGINT;\nBEGIN TRANSACTION;\n" +
+			"UPDATE [dbo].[fenced_meta] SET @new_epoch = epoch = epoch + 1 WHERE id = 1;\n" +
+			"UPDATE [dbo].[fenced_resources] SET lease_owner = NULL, lease_until = NULL WHERE lease_owner IS NOT NULL;\n" +
+			"SELECT @new_epoch AS epoch;\nCOMMIT TRANSACTION;"}, []string{"generation"}},
+		{"prune", opPrune, []string{"DELETE FROM [dbo].[fenced_operations]\n" +
+			"WHERE recorded_at < DATEADD(second, -@age_s, DATEADD(microsecond, -@age_us, SYSUTCDATETIME()));\n" +
+			"SELECT @deleted = ROWCOUNT_BIG();\nSELECT @deleted AS deleted;\nCOMMIT TRANSACTION;"}, nil},
 	}
+	tested := map[op]bool{}
 	for _, tt := range tests {
+		tested[tt.op] = true
 		t.Run(tt.name, func(t *testing.T) {
+			text := s.text[tt.op]
 			for _, want := range tt.contains {
-				if !strings.Contains(tt.text, want) {
-					t.Errorf("missing %q in\n%s", want, tt.text)
+				if !strings.Contains(text, want) {
+					t.Errorf("missing %q in\n%s", want, text)
 				}
 			}
 			for _, bad := range append(tt.absent, forbiddenClocks...) {
-				if strings.Contains(strings.ToUpper(tt.text), strings.ToUpper(bad)) {
-					t.Errorf("contains %q:\n%s", bad, tt.text)
+				if strings.Contains(strings.ToUpper(text), strings.ToUpper(bad)) {
+					t.Errorf("contains %q:\n%s", bad, text)
 				}
 			}
-			if strings.Contains(tt.text, "{") {
-				t.Errorf("a table placeholder is left:\n%s", tt.text)
+			if strings.Contains(text, "{") {
+				t.Errorf("a table placeholder is left:\n%s", text)
 			}
 		})
 	}
-	// Every change commits by itself and reports its row count, whatever the session's settings.
-	for _, text := range []string{s.provision, s.acquire, s.renew, s.publish, s.publishAndRelease, s.release,
-		s.read, s.readPayload} {
+	for o := range numOps {
+		if !tested[o] {
+			t.Errorf("operation %s has no statement test", routines[o].procedure)
+		}
+	}
+	// Every statement undoes NOCOUNT and IMPLICIT_TRANSACTIONS; every one that writes also
+	// turns XACT_ABORT on and pins the isolation level, before anything else.
+	for o, text := range s.text {
 		if !strings.HasPrefix(text, "SET NOCOUNT OFF; SET IMPLICIT_TRANSACTIONS OFF;\n") {
-			t.Errorf("does not start with SET NOCOUNT OFF; SET IMPLICIT_TRANSACTIONS OFF:\n%s", text)
+			t.Errorf("%s does not start with SET NOCOUNT OFF; SET IMPLICIT_TRANSACTIONS OFF:\n%s", routines[o].procedure, text)
+		}
+		reads := op(o) == opRead || op(o) == opReadPayload || op(o) == opReadOperation
+		xact := strings.HasPrefix(text, autocommit+"SET XACT_ABORT ON; SET TRANSACTION ISOLATION LEVEL READ COMMITTED;\n")
+		if xact == reads {
+			t.Errorf("%s: XACT_ABORT prefix %v, want %v:\n%s", routines[o].procedure, xact, !reads, text)
+		}
+		// A transaction the batch opens is committed by the batch, and the answer is read
+		// before the COMMIT, so that no statement after it can fail.
+		if strings.Contains(text, "BEGIN TRANSACTION;") && !strings.HasSuffix(text, "COMMIT TRANSACTION;") {
+			t.Errorf("%s: BEGIN TRANSACTION without a final COMMIT:\n%s", routines[o].procedure, text)
 		}
 	}
 	// The raw baseline's acquisition is the driver's, without the explaining read.
-	if !strings.HasPrefix(s.acquire, autocommit+s.acquireUpdate+";\n") || strings.Contains(s.acquireUpdate, "SELECT") {
+	if !strings.HasPrefix(s.text[opAcquire], autocommit+writes+s.acquireUpdate+";\n") || strings.Contains(s.acquireUpdate, "IF ") {
 		t.Errorf("acquireUpdate is not the first statement of acquire:\n%s", s.acquireUpdate)
+	}
+}
+
+// TestRoutineParametersMatchTheirStatements: every parameter a statement uses is declared by
+// its procedure and sent by the driver, and the other way round, so that the procedure Grant
+// installs runs exactly the driver's statement.
+func TestRoutineParametersMatchTheirStatements(t *testing.T) {
+	param := regexp.MustCompile(`@([a-z_]+)`)
+	l := driver.LeaseRef{Resource: "r", Owner: "o", Epoch: 1, Generation: 1}
+	acq, _ := acquireArgs("r", "o", time.Second)
+	ren, _ := renewArgs(l, time.Second)
+	prn, _ := pruneArgs(time.Second)
+	sent := [numOps][]any{
+		opProvision: resourceArgs("r"), opAcquire: acq, opRenew: ren,
+		opPublish: publishArgs(l, driver.Publication{}), opPublishAndRelease: publishArgs(l, driver.Publication{}),
+		opRelease: leaseArgs(l), opRead: resourceArgs("r"), opReadPayload: resourceArgs("r"),
+		opResolve: opArgs("x"), opReadOperation: opArgs("x"), opBumpEpoch: nil, opPrune: prn,
+	}
+	for o, rt := range routines {
+		declared := map[string]bool{}
+		for _, m := range param.FindAllStringSubmatch(rt.params, -1) {
+			declared[m[1]] = true
+		}
+		used := map[string]bool{}
+		local := map[string]bool{}
+		for _, m := range regexp.MustCompile(`DECLARE @([a-z_]+)`).FindAllStringSubmatch(rt.text, -1) {
+			local[m[1]] = true
+		}
+		for _, m := range param.FindAllStringSubmatch(rt.text, -1) {
+			if !local[m[1]] {
+				used[m[1]] = true
+			}
+		}
+		args := map[string]bool{}
+		for _, a := range sent[o] {
+			args[a.(sql.NamedArg).Name] = true
+		}
+		if !reflect.DeepEqual(declared, used) || !reflect.DeepEqual(declared, args) {
+			t.Errorf("%s: declared %v, used %v, sent %v", rt.procedure, declared, used, args)
+		}
+	}
+}
+
+func TestProceduresAreTheStatements(t *testing.T) {
+	s := newStatements("app_locks")
+	for o, rt := range routines {
+		want := "CREATE OR ALTER PROCEDURE [app_locks].[" + rt.procedure + "]"
+		if rt.params != "" {
+			want += "\n    " + rt.params
+		}
+		want += "\nAS\nBEGIN\n" + s.text[o] + "\nEND"
+		if s.create[o] != want {
+			t.Errorf("%s:\n%s\nwant\n%s", rt.procedure, s.create[o], want)
+		}
+		if s.procedure[o] != "[app_locks].["+rt.procedure+"]" {
+			t.Errorf("procedure name %s", s.procedure[o])
+		}
+		if strings.Contains(s.create[o], "EXECUTE AS") || strings.Contains(s.create[o], "sp_executesql") {
+			t.Errorf("%s impersonates or uses dynamic SQL, which breaks the ownership chain", rt.procedure)
+		}
+	}
+	if got := s.create[opRelease]; !strings.HasPrefix(got, "CREATE OR ALTER PROCEDURE [app_locks].[fenced_release]\n"+
+		"    @resource NVARCHAR(4000), @owner NVARCHAR(4000), @generation BIGINT, @epoch BIGINT\nAS\nBEGIN\n"+
+		"SET NOCOUNT OFF; SET IMPLICIT_TRANSACTIONS OFF;\n") {
+		t.Errorf("release procedure:\n%s", got)
+	}
+	if got := s.create[opBumpEpoch]; !strings.HasPrefix(got, "CREATE OR ALTER PROCEDURE [app_locks].[fenced_bump_epoch]\nAS\nBEGIN\n") {
+		t.Errorf("bump procedure:\n%s", got)
 	}
 }
 
@@ -85,8 +201,8 @@ func TestLeaseEndSplitsTheTTL(t *testing.T) {
 
 func TestStatementsUseTheSchema(t *testing.T) {
 	s := newStatements("fenced_t1")
-	all := []string{s.provision, s.acquire, s.renew, s.publish, s.publishAndRelease, s.release,
-		s.read, s.readPayload, s.createMigrations, s.schemaVersion, s.recordMigration}
+	all := append(s.text[:], s.create[:]...)
+	all = append(all, s.createMigrations, s.schemaVersion, s.recordMigration)
 	for _, text := range all {
 		if strings.Contains(text, "[dbo]") || strings.Contains(text, "{") {
 			t.Errorf("schema not substituted:\n%s", text)

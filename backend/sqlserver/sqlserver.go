@@ -36,6 +36,7 @@ package sqlserver
 import (
 	"context"
 	"database/sql"
+	sqldriver "database/sql/driver"
 	"embed"
 	"errors"
 	"fmt"
@@ -46,6 +47,7 @@ import (
 	"sort"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	mssql "github.com/microsoft/go-mssqldb"
@@ -113,6 +115,7 @@ type Driver struct {
 	owned  bool
 	schema string
 	sql    statements
+	mode   atomic.Int32 // modeUnknown until detect has an answer
 }
 
 var _ driver.Driver = (*Driver)(nil)
@@ -203,8 +206,15 @@ func (d *Driver) Close() error {
 // first takes an exclusive application lock (sp_getapplock, owned by the transaction). DDL is
 // transactional in SQL Server, so concurrent Migrate calls run one after another, the second
 // finding the first's version rows, and a failure leaves no half-applied migration behind.
+//
+// It then asks once whether this login writes the tables or calls Grant's procedures (see
+// statement), so that the store's first operation does not have to.
 func (d *Driver) Migrate(ctx context.Context) error {
-	return retry(ctx, func() error { return d.migrate(ctx) })
+	if err := retry(ctx, func() error { return d.migrate(ctx) }); err != nil {
+		return err
+	}
+	d.detect(ctx)
+	return nil
 }
 
 func (d *Driver) migrate(ctx context.Context) (err error) {
@@ -278,24 +288,18 @@ func (d *Driver) Provision(ctx context.Context, resource string) error {
 	if err := checkResource(resource); err != nil {
 		return err
 	}
-	err := retry(ctx, func() error {
-		_, err := d.db.ExecContext(ctx, d.sql.provision, resourceArgs(resource)...)
-		if duplicateKey(err) {
-			return nil // a concurrent Provision inserted the row: it exists, which is all we promise
-		}
-		return err
-	})
-	if err != nil {
-		return translate("insert resource", err)
+	_, err := mutate(ctx, d, "insert resource", opProvision, resourceArgs(resource), scanNothing)
+	if duplicateKey(err) {
+		return nil // a concurrent Provision inserted the row: it exists, which is all we promise
 	}
-	return nil
+	return err
 }
 
 // acquireRow is one row of the acquisition batch: the granted lease (acquired) or the holder.
 type acquireRow struct {
-	generation int64
-	leaseUntil sql.NullTime
-	acquired   int64
+	epoch, generation int64
+	leaseUntil        sql.NullTime
+	acquired          int64
 }
 
 func (d *Driver) Acquire(ctx context.Context, resource, owner string, ttl time.Duration) (driver.Grant, error) {
@@ -306,17 +310,12 @@ func (d *Driver) Acquire(ctx context.Context, resource, owner string, ttl time.D
 	if err != nil {
 		return driver.Grant{}, err
 	}
-	var rows []acquireRow
-	err = retry(ctx, func() (err error) {
-		rows, err = queryAll(ctx, d.db, d.sql.acquire, args, func(r *sql.Rows) (a acquireRow, err error) {
-			return a, r.Scan(&a.generation, &a.leaseUntil, &a.acquired)
-		})
-		return err
+	rows, err := mutate(ctx, d, "update lease", opAcquire, args, func(r *sql.Rows) (a acquireRow, err error) {
+		return a, r.Scan(&a.epoch, &a.generation, &a.leaseUntil, &a.acquired)
 	})
-	if err != nil {
-		return driver.Grant{}, translate("update lease", err)
-	}
 	switch {
+	case err != nil:
+		return driver.Grant{}, err
 	case len(rows) == 0:
 		return driver.Grant{}, driver.ErrNotFound
 	case len(rows) > 1:
@@ -325,9 +324,9 @@ func (d *Driver) Acquire(ctx context.Context, resource, owner string, ttl time.D
 		if !rows[0].leaseUntil.Valid {
 			return driver.Grant{}, errors.New("read acquisition: the acquisition happened but returned no expiry")
 		}
-		return driver.Grant{Generation: rows[0].generation, LeaseUntil: rows[0].leaseUntil.Time.UTC()}, nil
+		return driver.Grant{Epoch: rows[0].epoch, Generation: rows[0].generation, LeaseUntil: rows[0].leaseUntil.Time.UTC()}, nil
 	default:
-		return driver.Grant{}, &driver.BusyError{Generation: rows[0].generation, LeaseUntil: utc(rows[0].leaseUntil)}
+		return driver.Grant{}, &driver.BusyError{Epoch: rows[0].epoch, Generation: rows[0].generation, LeaseUntil: utc(rows[0].leaseUntil)}
 	}
 }
 
@@ -339,16 +338,12 @@ func (d *Driver) Renew(ctx context.Context, l driver.LeaseRef, ttl time.Duration
 	if err != nil {
 		return time.Time{}, false, err
 	}
-	var until []time.Time
-	err = retry(ctx, func() (err error) {
-		until, err = queryAll(ctx, d.db, d.sql.renew, args, func(r *sql.Rows) (t time.Time, err error) {
-			return t, r.Scan(&t)
-		})
-		return err
+	until, err := mutate(ctx, d, "update lease expiry", opRenew, args, func(r *sql.Rows) (t time.Time, err error) {
+		return t, r.Scan(&t)
 	})
 	switch {
 	case err != nil:
-		return time.Time{}, false, translate("update lease expiry", err)
+		return time.Time{}, false, err
 	case len(until) > 1:
 		return time.Time{}, false, fmt.Errorf("read renewal: %d rows came back; the resource key is not unique", len(until))
 	case len(until) == 0:
@@ -358,17 +353,43 @@ func (d *Driver) Renew(ctx context.Context, l driver.LeaseRef, ttl time.Duration
 }
 
 func (d *Driver) Publish(ctx context.Context, l driver.LeaseRef, pub driver.Publication) (bool, error) {
-	payload := pub.Payload // TODO(issue 4): epoch, operation id and source version
-	return d.execOne(ctx, "update publication", l.Resource, d.sql.publish, publishArgs(l, payload))
+	return d.publish(ctx, opPublish, l, pub)
 }
 
 func (d *Driver) PublishAndRelease(ctx context.Context, l driver.LeaseRef, pub driver.Publication) (bool, error) {
-	payload := pub.Payload // TODO(issue 4): epoch, operation id and source version
-	return d.execOne(ctx, "update publication", l.Resource, d.sql.publishAndRelease, publishArgs(l, payload))
+	return d.publish(ctx, opPublishAndRelease, l, pub)
+}
+
+// publish runs the conditional publication and the record of its operation id in one
+// transaction (see tmplPublish). A duplicate key on the operation id means another
+// publication or a Resolve recorded it between our check and our insert (which the range lock
+// should prevent); XACT_ABORT rolled the whole transaction back, so it is a refusal.
+func (d *Driver) publish(ctx context.Context, o op, l driver.LeaseRef, pub driver.Publication) (bool, error) {
+	if err := checkResource(l.Resource); err != nil {
+		return false, err
+	}
+	n, err := mutate(ctx, d, "update publication", o, publishArgs(l, pub), scanInt)
+	if duplicateKey(err) {
+		return false, nil
+	}
+	if err != nil {
+		return false, err
+	}
+	return exactlyOne("update publication", n)
 }
 
 func (d *Driver) Release(ctx context.Context, l driver.LeaseRef) (bool, error) {
-	return d.execOne(ctx, "update lease", l.Resource, d.sql.release, leaseArgs(l))
+	if err := checkResource(l.Resource); err != nil {
+		return false, err
+	}
+	rows, err := mutate(ctx, d, "update lease", opRelease, leaseArgs(l), scanInt)
+	if err != nil {
+		return false, err
+	}
+	if len(rows) > 1 {
+		return false, fmt.Errorf("update lease: %d rows changed; the resource key is not unique", len(rows))
+	}
+	return len(rows) == 1, nil
 }
 
 func (d *Driver) Read(ctx context.Context, resource string) (driver.State, error) {
@@ -379,22 +400,26 @@ func (d *Driver) Read(ctx context.Context, resource string) (driver.State, error
 		st                 driver.State
 		owner              sql.NullString
 		until, publishedAt sql.NullTime
+		currentEpoch       sql.NullInt64
 		now                time.Time
 	)
-	err := retry(ctx, func() error {
-		return d.db.QueryRowContext(ctx, d.sql.read, resourceArgs(resource)...).Scan(&st.Generation, &owner,
-			&until, &st.PublishedGeneration, &publishedAt, &st.PayloadSize, &now)
+	rows, err := mutate(ctx, d, "read resource", opRead, resourceArgs(resource), func(r *sql.Rows) (struct{}, error) {
+		return struct{}{}, r.Scan(&st.Epoch, &st.Generation, &owner, &until, &st.PublishedEpoch,
+			&st.PublishedGeneration, &publishedAt, &st.SourceVersion, &st.PayloadSize, &currentEpoch, &now)
 	})
-	if errors.Is(err, sql.ErrNoRows) {
+	switch {
+	case err != nil:
+		return driver.State{}, err
+	case len(rows) == 0:
 		return driver.State{}, driver.ErrNotFound
-	}
-	if err != nil {
-		return driver.State{}, translate("read resource", err)
+	case len(rows) > 1:
+		return driver.State{}, fmt.Errorf("read resource: %d rows came back; the resource key is not unique", len(rows))
 	}
 	st.Resource = resource
 	st.Owner = owner.String
 	st.LeaseUntil = utc(until)
 	st.PublishedAt = utc(publishedAt)
+	st.CurrentEpoch = currentEpoch.Int64
 	st.Now = now.UTC()
 	return st, nil
 }
@@ -403,52 +428,190 @@ func (d *Driver) ReadPayload(ctx context.Context, resource string) ([]byte, int6
 	if err := checkResource(resource); err != nil {
 		return nil, 0, err
 	}
-	var (
-		gen     int64
-		payload []byte
-	)
-	err := retry(ctx, func() error {
-		return d.db.QueryRowContext(ctx, d.sql.readPayload, resourceArgs(resource)...).Scan(&gen, &payload)
+	type published struct {
+		generation int64
+		payload    []byte
+	}
+	rows, err := mutate(ctx, d, "read payload", opReadPayload, resourceArgs(resource), func(r *sql.Rows) (p published, err error) {
+		return p, r.Scan(&p.generation, &p.payload)
 	})
-	if errors.Is(err, sql.ErrNoRows) {
+	switch {
+	case err != nil:
+		return nil, 0, err
+	case len(rows) == 0:
 		return nil, 0, driver.ErrNotFound
 	}
-	if err != nil {
-		return nil, 0, translate("read payload", err)
-	}
-	return payload, gen, nil
+	return rows[0].payload, rows[0].generation, nil
 }
 
-// execOne runs a conditional UPDATE; ok is true when it changed exactly one row. The
-// statement begins with SET NOCOUNT OFF (see autocommit), so the count is reported whatever
-// the session's setting.
-func (d *Driver) execOne(ctx context.Context, what, resource, query string, args []any) (bool, error) {
-	if err := checkResource(resource); err != nil {
-		return false, err
+func (d *Driver) ResolveOperation(ctx context.Context, opID string) (driver.Operation, error) {
+	return d.operation(ctx, "resolve operation", opResolve, opID)
+}
+
+func (d *Driver) ReadOperation(ctx context.Context, opID string) (driver.Operation, error) {
+	return d.operation(ctx, "read operation", opReadOperation, opID)
+}
+
+func (d *Driver) operation(ctx context.Context, what string, o op, opID string) (driver.Operation, error) {
+	rows, err := mutate(ctx, d, what, o, opArgs(opID), func(r *sql.Rows) (driver.Operation, error) {
+		var (
+			op                driver.Operation
+			resource          sql.NullString
+			epoch, generation sql.NullInt64
+			at                sql.NullTime
+		)
+		err := r.Scan(&op.Outcome, &resource, &epoch, &generation, &at)
+		op.Resource, op.Epoch, op.Generation, op.RecordedAt = resource.String, epoch.Int64, generation.Int64, utc(at)
+		return op, err
+	})
+	switch {
+	case err != nil:
+		return driver.Operation{}, err
+	case len(rows) == 0:
+		if o == opResolve {
+			return driver.Operation{}, fmt.Errorf("%s: no outcome came back for %q", what, opID)
+		}
+		return driver.Operation{OpID: opID}, nil
 	}
-	var n int64
+	rows[0].OpID = opID
+	return rows[0], nil
+}
+
+// BumpEpoch advances the epoch and frees every lease in one transaction (see tmplBumpEpoch).
+func (d *Driver) BumpEpoch(ctx context.Context) (int64, error) {
+	epochs, err := mutate(ctx, d, "bump epoch", opBumpEpoch, nil, func(r *sql.Rows) (e sql.NullInt64, err error) {
+		return e, r.Scan(&e)
+	})
+	switch {
+	case err != nil:
+		return 0, err
+	case len(epochs) != 1 || !epochs[0].Valid:
+		return 0, errors.New("bump epoch: fenced_meta has no epoch row; run Migrate")
+	}
+	return epochs[0].Int64, nil
+}
+
+func (d *Driver) PruneOperations(ctx context.Context, age time.Duration) (int64, error) {
+	args, err := pruneArgs(age)
+	if err != nil {
+		return 0, err
+	}
+	n, err := mutate(ctx, d, "delete operations", opPrune, args, scanInt)
+	if err != nil {
+		return 0, err
+	}
+	if len(n) != 1 {
+		return 0, fmt.Errorf("delete operations: %d counts came back", len(n))
+	}
+	return n[0], nil
+}
+
+var _ driver.DurabilityChecker = (*Driver)(nil)
+
+// CheckDurability warns when the database lets commits be acknowledged before their log
+// records are on disk (DELAYED_DURABILITY other than DISABLED). Under FORCED every commit is
+// delayed; under ALLOWED only transactions that ask for it, which fenced's never do, but
+// other code in the database may, and a crash then loses the log tail its commits share.
+// When the setting cannot be read, that is itself the warning, so that a store still opens
+// while the server is down (its operations then fail as not applied).
+func (d *Driver) CheckDurability(ctx context.Context) ([]string, error) {
+	var setting string
+	if err := d.db.QueryRowContext(ctx, sqlDurability).Scan(&setting); err != nil {
+		return []string{fmt.Sprintf("the SQL Server DELAYED_DURABILITY setting could not be read (%v); check that it is DISABLED", err)}, nil
+	}
+	if strings.EqualFold(setting, "DISABLED") {
+		return nil, nil
+	}
+	return []string{fmt.Sprintf("SQL Server DELAYED_DURABILITY is %s, not DISABLED: a crash can lose commits that were acknowledged", setting)}, nil
+}
+
+// Modes of a driver: whether it sends its statements or calls the procedures Grant installed.
+const (
+	modeUnknown int32 = iota
+	modeDirect
+	modeProcedures
+)
+
+// statement returns what to send for o: the batch itself, or the name of its procedure when
+// this login may not update fenced's tables and the procedures are installed, which is how
+// a login that Grant set up finds itself. Nothing needs configuring: the first operation (or
+// Migrate) asks the server once; the answer is kept when it is conclusive.
+func (d *Driver) statement(ctx context.Context, o op) (string, error) {
+	if d.detect(ctx) == modeProcedures {
+		return d.sql.procedure[o], nil
+	}
+	return d.sql.text[o], nil
+}
+
+// detect decides the mode. When the privileges cannot be read it answers direct without
+// keeping it: the statement itself then fails and says why.
+func (d *Driver) detect(ctx context.Context) int32 {
+	if m := d.mode.Load(); m != modeUnknown {
+		return m
+	}
+	var canUpdate, procedure sql.NullInt64
+	err := d.db.QueryRowContext(ctx, sqlPrivileges, sql.Named("table", d.sql.resourcesTable),
+		sql.Named("procedure", d.sql.acquireProcedure)).Scan(&canUpdate, &procedure)
+	switch {
+	case err != nil:
+		return modeDirect
+	case canUpdate.Valid && canUpdate.Int64 == 1:
+		d.mode.Store(modeDirect)
+	case procedure.Valid:
+		d.mode.Store(modeProcedures)
+	default: // neither: not migrated yet, or not granted yet
+		return modeDirect
+	}
+	return d.mode.Load()
+}
+
+// mutate runs one operation's batch or procedure on a connection of its own and reads its
+// whole reply. Holding the connection ourselves keeps database/sql from running the batch
+// again on another connection after a connection error (its retry on driver.ErrBadConn), and
+// tells the errors of getting a connection (nothing was sent) from those of the request.
+// Every error is classified by translate. Reads go through it too, for the same reading of
+// the reply; their classification does not matter.
+func mutate[T any](ctx context.Context, d *Driver, what string, o op, args []any, scan func(*sql.Rows) (T, error)) ([]T, error) {
+	var out []T
 	err := retry(ctx, func() error {
-		res, err := d.db.ExecContext(ctx, query, args...)
+		query, err := d.statement(ctx, o)
 		if err != nil {
 			return err
 		}
-		n, err = res.RowsAffected()
+		conn, err := d.db.Conn(ctx)
+		if err != nil {
+			return driver.NotApplied(fmt.Errorf("get connection: %w", err))
+		}
+		defer conn.Close()
+		out, err = queryAll(ctx, conn, query, args, scan)
 		return err
 	})
 	if err != nil {
-		return false, translate(what, err)
+		return nil, translate(what, err)
 	}
-	if n > 1 {
-		return false, fmt.Errorf("%s: %d rows changed; the resource key is not unique", what, n)
+	return out, nil
+}
+
+func scanNothing(*sql.Rows) (struct{}, error) { return struct{}{}, nil }
+
+func scanInt(r *sql.Rows) (n int64, err error) { return n, r.Scan(&n) }
+
+// exactlyOne reads a batch's single count: 1 is accepted, 0 refused.
+func exactlyOne(what string, n []int64) (bool, error) {
+	switch {
+	case len(n) != 1:
+		return false, fmt.Errorf("%s: %d counts came back, want 1", what, len(n))
+	case n[0] > 1:
+		return false, fmt.Errorf("%s: %d rows changed; the resource key is not unique", what, n[0])
 	}
-	return n == 1, nil
+	return n[0] == 1, nil
 }
 
 // queryAll runs a statement or batch and reads every row of every result set to the end,
 // then checks rows.Err and rows.Close before any row is returned: SQL Server can report an
 // error (a deadlock, a rollback) after it has sent OUTPUT rows, and those rows then describe
 // a change that did not happen.
-func queryAll[T any](ctx context.Context, db *sql.DB, query string, args []any, scan func(*sql.Rows) (T, error)) ([]T, error) {
+func queryAll[T any](ctx context.Context, db queryer, query string, args []any, scan func(*sql.Rows) (T, error)) ([]T, error) {
 	rows, err := db.QueryContext(ctx, query, args...)
 	if err != nil {
 		return nil, err
@@ -477,6 +640,11 @@ func queryAll[T any](ctx context.Context, db *sql.DB, query string, args []any, 
 		return nil, err
 	}
 	return out, nil
+}
+
+// queryer is a *sql.DB or *sql.Conn.
+type queryer interface {
+	QueryContext(ctx context.Context, query string, args ...any) (*sql.Rows, error)
 }
 
 // Error numbers that translate and retry interpret.
@@ -512,14 +680,59 @@ func duplicateKey(err error) bool {
 	return ok && (e.Number == errDuplicateKey || e.Number == errDuplicateKeyIdx)
 }
 
-// translate is the one place that turns a database/sql or go-mssqldb error into the driver's:
-// a rollback SQL Server chose matches ErrRolledBack (the operation did not happen); anything
-// else is wrapped as it is. A driver error never becomes a refusal or busy.
+// translate is the one place that turns a database/sql or go-mssqldb error into the driver's.
+// It marks the error driver.ErrNotApplied only when the batch certainly did not take effect
+// (see notApplied); a rollback SQL Server chose also matches ErrRolledBack. Anything else may
+// have happened and stays a plain error, which the core reports as an unknown outcome. A
+// driver error never becomes a refusal or busy.
 func translate(what string, err error) error {
+	wrapped := fmt.Errorf("%s: %w", what, err)
 	if rolledBack(err) {
-		return fmt.Errorf("%s: %w: %w", what, ErrRolledBack, err)
+		wrapped = fmt.Errorf("%s: %w: %w", what, ErrRolledBack, err)
 	}
-	return fmt.Errorf("%s: %w", what, err)
+	if notApplied(err) {
+		return driver.NotApplied(wrapped)
+	}
+	return wrapped
+}
+
+// notApplied reports whether err proves that the batch did not take effect:
+//   - it was marked so where that was known: no connection could be had (dial, login, a
+//     context ended before anything was sent);
+//   - driver.ErrBadConn: go-mssqldb returns it, bare, only from the connectionGood check
+//     before it writes anything (mssql.go, Stmt.queryContext and Conn.BeginTx in v1.11.2), and
+//     as RetryableError only when writing the request failed (sendQuery's error passed to
+//     checkBadConn with mayRetry): SQL Server runs a request only once its last packet has
+//     arrived whole, and the write of that packet is what failed;
+//   - a SQL Server error (mssql.Error) of severity below 20: every writing batch runs with
+//     XACT_ABORT ON and keeps its work inside one transaction (or is one autocommit
+//     statement), so an error reply means that work was rolled back. Severity 20 and above
+//     (and go-mssqldb's ServerError, DONE_SRVERROR) are fatal errors that end the connection,
+//     possibly around a commit: unknown.
+//
+// A lost connection while reading the reply (io.EOF, *net.OpError, StreamError) or a context
+// that ended after sending is unknown.
+func notApplied(err error) bool {
+	if errors.Is(err, driver.ErrNotApplied) {
+		return true
+	}
+	var fatal mssql.ServerError
+	if errors.As(err, &fatal) {
+		return false
+	}
+	if e, ok := sqlError(err); ok {
+		return maxClass(e) < 20
+	}
+	return errors.Is(err, sqldriver.ErrBadConn)
+}
+
+// maxClass is the highest severity among the errors the server reported with e.
+func maxClass(e mssql.Error) uint8 {
+	c := e.Class
+	for _, a := range e.All {
+		c = max(c, a.Class)
+	}
+	return c
 }
 
 // retry runs op until it succeeds, fails otherwise than by a rollback SQL Server chose, or has
@@ -546,22 +759,4 @@ func utc(t sql.NullTime) time.Time {
 		return time.Time{}
 	}
 	return t.Time.UTC()
-}
-
-// TODO(issue 4): the recovery features below are being implemented for this backend; until then
-// they fail loudly and the conformance suite's tests for them fail.
-var errIssue4Pending = errors.New("sqlserver backend: epochs, operation ids and source versions are not implemented yet")
-
-func (d *Driver) ResolveOperation(context.Context, string) (driver.Operation, error) {
-	return driver.Operation{}, errIssue4Pending
-}
-
-func (d *Driver) ReadOperation(context.Context, string) (driver.Operation, error) {
-	return driver.Operation{}, errIssue4Pending
-}
-
-func (d *Driver) BumpEpoch(context.Context) (int64, error) { return 0, errIssue4Pending }
-
-func (d *Driver) PruneOperations(context.Context, time.Duration) (int64, error) {
-	return 0, errIssue4Pending
 }
