@@ -369,8 +369,8 @@ func TestConcurrentMigrate(t *testing.T) {
 	if err := drivers[0].DB().QueryRowContext(testCtx(t), `SELECT COUNT(*) FROM fenced_schema_migrations`).Scan(&versions); err != nil {
 		t.Fatal(err)
 	}
-	if versions != 1 {
-		t.Fatalf("%d version rows, want 1", versions)
+	if versions != 2 {
+		t.Fatalf("%d version rows, want one per migration (2)", versions)
 	}
 }
 

@@ -32,39 +32,68 @@ func BenchmarkProtocol(b *testing.B) {
 	})
 }
 
-// raw is the baseline: each statement executed directly, as hand-written code would. Its
-// acquisition takes the generation from the reply and reads nothing after it.
+// raw is the baseline: the same statements executed directly, as hand-written code would. Its
+// acquisition takes the generation from the reply and reads only the epoch after it; its
+// publication is the same transaction driven from the client (SET TRANSACTION, START
+// TRANSACTION, UPDATE, INSERT, COMMIT), where fenced calls it as one procedure.
 type raw struct{ db *sql.DB }
 
-func (r raw) Acquire(ctx context.Context, resource, owner string, ttl time.Duration) (int64, bool, error) {
-	res, err := r.db.ExecContext(ctx, sqlAcquire, acquireArgs(resource, owner, ttl.Microseconds())...)
+func (r raw) Acquire(ctx context.Context, resource, owner string, ttl time.Duration) (driver.Grant, bool, error) {
+	p := &params{resource: resource, owner: owner, ttl: ttl.Microseconds()}
+	conn, err := r.db.Conn(ctx)
 	if err != nil {
-		return 0, false, err
+		return driver.Grant{}, false, err
+	}
+	defer conn.Close()
+	res, err := conn.ExecContext(ctx, sqlAcquire.sql, p.values(sqlAcquire.args)...)
+	if err != nil {
+		return driver.Grant{}, false, err
 	}
 	if n, err := res.RowsAffected(); err != nil || n != 1 {
-		return 0, false, err
+		return driver.Grant{}, false, err
 	}
-	gen, err := res.LastInsertId()
-	return gen, err == nil, err
+	var g driver.Grant
+	if g.Generation, err = res.LastInsertId(); err != nil {
+		return g, false, err
+	}
+	err = conn.QueryRowContext(ctx, `SELECT @fenced_acquired_epoch`).Scan(&g.Epoch)
+	return g, err == nil, err
 }
 
-func (r raw) exec(ctx context.Context, query string, args ...any) (bool, error) {
-	res, err := r.db.ExecContext(ctx, query, args...)
+func (r raw) publish(ctx context.Context, s *stmt, l driver.LeaseRef, pub driver.Publication) (bool, error) {
+	p := leaseParams(l)
+	p.payload, p.sourceVersion, p.opID = pub.Payload, pub.SourceVersion, pub.OpID
+	tx, err := r.db.BeginTx(ctx, &sql.TxOptions{Isolation: sql.LevelReadCommitted})
+	if err != nil {
+		return false, err
+	}
+	defer func() { _ = tx.Rollback() }()
+	res, err := tx.ExecContext(ctx, s.first.sql, p.values(s.first.args)...)
+	if err != nil {
+		return false, err
+	}
+	if n, err := res.RowsAffected(); err != nil || n != 1 {
+		return false, err
+	}
+	if _, err := tx.ExecContext(ctx, s.second.sql, p.values(s.second.args)...); err != nil {
+		return false, err
+	}
+	return true, tx.Commit()
+}
+
+func (r raw) Publish(ctx context.Context, l driver.LeaseRef, pub driver.Publication) (bool, error) {
+	return r.publish(ctx, sqlPublish, l, pub)
+}
+
+func (r raw) PublishAndRelease(ctx context.Context, l driver.LeaseRef, pub driver.Publication) (bool, error) {
+	return r.publish(ctx, sqlPublishAndRelease, l, pub)
+}
+
+func (r raw) Release(ctx context.Context, l driver.LeaseRef) (bool, error) {
+	res, err := r.db.ExecContext(ctx, sqlRelease.sql, leaseParams(l).values(sqlRelease.args)...)
 	if err != nil {
 		return false, err
 	}
 	n, err := res.RowsAffected()
 	return n == 1, err
-}
-
-func (r raw) Publish(ctx context.Context, resource, owner string, gen int64, p []byte) (bool, error) {
-	return r.exec(ctx, sqlPublish, publishArgs(resource, owner, gen, p)...)
-}
-
-func (r raw) PublishAndRelease(ctx context.Context, resource, owner string, gen int64, p []byte) (bool, error) {
-	return r.exec(ctx, sqlPublishAndRelease, publishArgs(resource, owner, gen, p)...)
-}
-
-func (r raw) Release(ctx context.Context, resource, owner string, gen int64) (bool, error) {
-	return r.exec(ctx, sqlRelease, releaseArgs(resource, owner, gen)...)
 }

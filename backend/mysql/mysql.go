@@ -1,18 +1,49 @@
 // Package mysql runs the fenced protocol on MySQL or MariaDB (InnoDB), through database/sql
 // and github.com/go-sql-driver/mysql.
 //
-// Every operation is one autocommit statement, so each is its own transaction: it either
-// commits whole or is rolled back whole. Expiry is judged by UTC_TIMESTAMP(6) on the server,
-// and every time is stored as a UTC DATETIME(6), so no session's time_zone setting, and no
-// client clock, ever moves an expiry.
+// Every lease operation is one autocommit statement, so each is its own transaction: it either
+// commits whole or is rolled back whole. A publication writes the payload and records its
+// operation id in one transaction, which runs inside a stored procedure that Migrate installs
+// (fenced_publish, fenced_publish_and_release; so is the epoch bump): one round trip, so that
+// a lost reply can only be lost after the server decided, and no session can write one half
+// without the other. Expiry is judged by UTC_TIMESTAMP(6) on the server, and every time is
+// stored as a UTC DATETIME(6), so no session's time_zone setting, and no client clock, ever
+// moves an expiry.
 //
 // MySQL has no UPDATE ... RETURNING. An acquisition gets its new generation in the same reply
 // through LAST_INSERT_ID(generation + 1), and a renewal its new expiry through
 // LAST_INSERT_ID(expiry in microseconds); both are trusted only when the statement matched
-// exactly one row. The expiry of a new acquisition is read right after its statement (see
-// Driver.Acquire). Matched rows, not changed rows, decide: connections must be made with
-// clientFoundRows=true, or a renewal that happens to write the expiry already stored would
-// look refused. Migrate checks this.
+// exactly one row. The epoch an acquisition stored, and its expiry, are read right after its
+// statement on the same connection (see Driver.Acquire). Matched rows, not changed rows,
+// decide: connections must be made with clientFoundRows=true, or a renewal that happens to
+// write the expiry already stored would look refused. Migrate checks this.
+//
+// # Outcomes
+//
+// An error is marked driver.ErrNotApplied only when the statement certainly did not take
+// effect: the connection could not be made, go-sql-driver returned driver.ErrBadConn (which it
+// does only when it wrote nothing), or the server answered with an error, which means it
+// rolled the statement (or the procedure's transaction) back. Anything else after the request
+// was written, a broken connection or a timeout, may have committed and stays a plain error.
+// database/sql retries only driver.ErrBadConn, so no mutation is ever sent twice.
+//
+// # Privileges and procedures
+//
+// Grant installs every operation as a SQL SECURITY DEFINER procedure and lets a role execute
+// them and nothing else. A driver finds out which kind of session it has the first time it
+// needs to (in Migrate, or before its first operation): it runs an UPDATE of no rows on
+// fenced_resources, and if the server denies it (error 1142) it calls the procedures for every
+// operation, and otherwise sends the statements themselves, which saves the CALL's extra
+// result. So a store connected as a granted role needs no configuration, and a session that
+// may write the tables is not slowed down. The procedures' bodies are generated from the same
+// statement constants (sql.go) as the statements the driver sends, so they cannot drift apart.
+//
+// # Isolation
+//
+// The publication's transaction runs at READ COMMITTED, whatever the session's default: at
+// REPEATABLE READ, InnoDB would lock the gap where the operation id would go while checking that
+// it is new, and two publications with ids in one gap would deadlock on their inserts. With
+// binary logging on, binlog_format must be ROW or MIXED, as READ COMMITTED requires.
 package mysql
 
 import (
@@ -22,12 +53,11 @@ import (
 	"embed"
 	"errors"
 	"fmt"
-	"io/fs"
 	"net"
 	"net/url"
 	"sort"
-	"strconv"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/go-sql-driver/mysql"
@@ -38,18 +68,17 @@ import (
 //go:embed migrations/*.sql
 var migrations embed.FS
 
-// ErrNotApplied marks an error after which the statement is known not to have taken effect:
-// the server rolled it back (a lock wait timeout, or a deadlock that outlasted the retries).
-// Any other error from a mutating call may mean the statement committed and its reply was lost.
-var ErrNotApplied = errors.New("statement rolled back, nothing changed")
-
 // Driver is the MySQL/MariaDB backend. It is safe for concurrent use by multiple goroutines.
 type Driver struct {
 	db    *sql.DB
 	owned bool
+	mode  atomic.Int32 // modeUnknown until a session has told which kind it is
 }
 
-var _ driver.Driver = (*Driver)(nil)
+var (
+	_ driver.Driver            = (*Driver)(nil)
+	_ driver.DurabilityChecker = (*Driver)(nil)
+)
 
 // New returns a driver over a handle the caller opened and keeps ownership of. The handle must
 // use the go-sql-driver/mysql driver, select a database, and set clientFoundRows=true (see
@@ -87,7 +116,7 @@ func Open(rawURL string) (*Driver, error) {
 	if err != nil {
 		return nil, fmt.Errorf("open mysql: %w", err)
 	}
-	return &Driver{db: sql.OpenDB(connector), owned: true}, nil
+	return &Driver{db: sql.OpenDB(connectErrors{connector}), owned: true}, nil
 }
 
 func parseURL(rawURL string) (*mysql.Config, error) {
@@ -139,225 +168,151 @@ func (d *Driver) Close() error {
 	return nil
 }
 
-// migrationLockWait is how long Migrate waits for a concurrent migration when ctx has no deadline.
-const migrationLockWait = time.Minute
-
-// Migrate applies the embedded migrations that have not run yet. Concurrent callers, in any
-// process, are serialized by a named server lock (GET_LOCK) held on one connection. DDL commits
-// implicitly in MySQL, so a migration is not atomic with its version row; each migration is
-// written to be harmless when run again.
-func (d *Driver) Migrate(ctx context.Context) error {
-	conn, err := d.db.Conn(ctx)
-	if err != nil {
-		return translate(err)
-	}
-	defer conn.Close()
-
-	wait := migrationLockWait
-	if deadline, ok := ctx.Deadline(); ok {
-		wait = max(time.Until(deadline), time.Second)
-	}
-	// Lock names are server-wide and at most 64 characters, hence the digest of the database.
-	const lockName = `CONCAT('fenced.migrate.', MD5(DATABASE()))`
-	var locked sql.NullInt64
-	if err := conn.QueryRowContext(ctx, `SELECT GET_LOCK(`+lockName+`, ?)`, int(wait.Seconds())).Scan(&locked); err != nil {
-		return fmt.Errorf("take migration lock: %w", translate(err))
-	}
-	if locked.Int64 != 1 {
-		return fmt.Errorf("take migration lock: another migration held it for %s", wait)
-	}
-	defer func() {
-		var released sql.NullInt64
-		err := conn.QueryRowContext(context.WithoutCancel(ctx), `SELECT RELEASE_LOCK(`+lockName+`)`).Scan(&released)
-		if err != nil || released.Int64 != 1 {
-			// A connection that may still hold the lock must not go back to the pool.
-			_ = conn.Raw(func(any) error { return sqldriver.ErrBadConn })
-		}
-	}()
-
-	if err := migrate(ctx, conn); err != nil {
-		return err
-	}
-	return checkFoundRows(ctx, conn)
-}
-
-func migrate(ctx context.Context, conn *sql.Conn) error {
-	if _, err := conn.ExecContext(ctx, `CREATE TABLE IF NOT EXISTS fenced_schema_migrations (
-    version    INT         NOT NULL PRIMARY KEY,
-    applied_at DATETIME(6) NOT NULL
-) ENGINE = InnoDB`); err != nil {
-		return fmt.Errorf("create migrations table: %w", translate(err))
-	}
-	var current int
-	if err := conn.QueryRowContext(ctx, `SELECT COALESCE(MAX(version), 0) FROM fenced_schema_migrations`).Scan(&current); err != nil {
-		return fmt.Errorf("read schema version: %w", translate(err))
-	}
-	names, err := fs.Glob(migrations, "migrations/*.sql")
-	if err != nil {
-		return err
-	}
-	sort.Strings(names)
-	for _, name := range names {
-		version, err := strconv.Atoi(strings.SplitN(strings.TrimPrefix(name, "migrations/"), "_", 2)[0])
-		if err != nil {
-			return fmt.Errorf("migration %s: bad version: %w", name, err)
-		}
-		if version <= current {
-			continue
-		}
-		body, err := migrations.ReadFile(name)
-		if err != nil {
-			return err
-		}
-		for _, stmt := range statements(string(body)) {
-			if _, err := conn.ExecContext(ctx, stmt); err != nil {
-				return fmt.Errorf("apply migration %s: %w", name, translate(err))
-			}
-		}
-		if _, err := conn.ExecContext(ctx, `INSERT INTO fenced_schema_migrations (version, applied_at)
-VALUES (?, UTC_TIMESTAMP(6))`, version); err != nil {
-			return fmt.Errorf("record migration %s: %w", name, translate(err))
-		}
-	}
-	return nil
-}
-
-// statements splits a migration into its statements: the driver sends one at a time, since
-// multiStatements is off by default and should stay off. A statement ends with ';' at the end
-// of a line.
-func statements(body string) []string {
-	var out []string
-	var cur strings.Builder
-	for line := range strings.Lines(body) {
-		cur.WriteString(line)
-		if strings.HasSuffix(strings.TrimSpace(line), ";") && !strings.HasPrefix(strings.TrimSpace(line), "--") {
-			out = append(out, cur.String())
-			cur.Reset()
-		}
-	}
-	if strings.TrimSpace(cur.String()) != "" {
-		out = append(out, cur.String())
-	}
-	return out
-}
-
-// checkFoundRows refuses a connection that reports changed rows instead of matched rows: on it
-// a renewal writing the expiry already stored would be reported as refused.
-func checkFoundRows(ctx context.Context, conn *sql.Conn) error {
-	res, err := conn.ExecContext(ctx, `UPDATE fenced_schema_migrations SET applied_at = applied_at
-ORDER BY version DESC LIMIT 1`)
-	if err != nil {
-		return fmt.Errorf("check matched rows: %w", translate(err))
-	}
-	if n, err := res.RowsAffected(); err != nil || n != 1 {
-		return errors.New("check matched rows: the connection reports changed rows, not matched rows; " +
-			"open it with clientFoundRows=true")
-	}
-	return nil
-}
-
 func (d *Driver) Provision(ctx context.Context, resource string) error {
-	_, err := d.exec(ctx, sqlProvision, resource)
+	_, _, err := d.mutate(ctx, sqlProvision, &params{resource: resource})
 	return err
 }
 
-// Acquire runs the conditional UPDATE, which hands back the new generation in its reply, then
-// reads the row once, for the expiry the server stored (informational) or, after a refusal, for
-// the holder's generation and expiry. When the row no longer holds this acquisition by the
-// time it is read (it expired and was taken in between) the reported expiry is the read's own
-// time, by which the lease had ended; when that read fails the expiry is reported as zero.
-// Either way the acquisition itself is certain and is returned.
+// Acquire runs the conditional UPDATE, which hands back the new generation in its reply and
+// leaves the epoch it stored in a session variable, then reads the row on the same connection:
+// for that epoch, for the expiry the server stored (informational) or, after a refusal, for
+// the holder's token and expiry. When the row no longer holds this acquisition by the time it
+// is read (it expired and was taken in between) the reported expiry is the read's own time, by
+// which the lease had ended. When that read fails, the acquisition happened but its epoch is
+// unknown, and the error says so (an unknown outcome).
 func (d *Driver) Acquire(ctx context.Context, resource, owner string, ttl time.Duration) (driver.Grant, error) {
-	res, err := d.exec(ctx, sqlAcquire, acquireArgs(resource, owner, ttl.Microseconds())...)
+	procs, err := d.procedures(ctx)
+	if err != nil {
+		return driver.Grant{}, driver.NotApplied(err)
+	}
+	p := &params{resource: resource, owner: owner, ttl: ttl.Microseconds()}
+	for attempt := 1; ; attempt++ {
+		g, err := d.acquire(ctx, procs, p)
+		if err != nil && attempt < retryAttempts && retryable(err, ctx) {
+			continue
+		}
+		return g, err
+	}
+}
+
+func (d *Driver) acquire(ctx context.Context, procs bool, p *params) (driver.Grant, error) {
+	// One connection for both statements: the session variable lives in its session.
+	conn, err := d.db.Conn(ctx)
+	if err != nil {
+		return driver.Grant{}, driver.NotApplied(err) // no statement was sent
+	}
+	defer conn.Close()
+	matched, gen, err := run(ctx, conn, procs, sqlAcquire, p)
+	if err != nil {
+		if errors.Is(err, sqldriver.ErrBadConn) {
+			// A pinned connection is not retried by database/sql; Acquire takes another.
+			_ = conn.Raw(func(any) error { return sqldriver.ErrBadConn })
+		}
+		return driver.Grant{}, classify(err)
+	}
+	ok, err := oneRow(matched)
 	if err != nil {
 		return driver.Grant{}, err
 	}
-	matched, err := oneRow(res)
-	if err != nil {
-		return driver.Grant{}, err
-	}
-	if !matched {
-		gen, _, until, _, err := d.readLease(ctx, resource)
-		if err != nil {
-			return driver.Grant{}, err
+	var (
+		epoch, rowGen, now int64
+		rowOwner           sql.NullString
+		until, acquired    sql.NullInt64
+	)
+	found, rerr := query(ctx, conn, procs, sqlReadLease, p, &epoch, &rowGen, &rowOwner, &until, &now, &acquired)
+	if !ok {
+		switch {
+		case rerr != nil:
+			return driver.Grant{}, driver.NotApplied(fmt.Errorf("read the holder of a busy lease: %w", rerr))
+		case !found:
+			return driver.Grant{}, driver.ErrNotFound
 		}
-		return driver.Grant{}, &driver.BusyError{Generation: gen, LeaseUntil: until}
+		return driver.Grant{}, &driver.BusyError{Epoch: epoch, Generation: rowGen, LeaseUntil: fromNullMicros(until)}
 	}
-	gen, err := res.LastInsertId()
-	if err != nil || gen < 1 {
-		return driver.Grant{}, fmt.Errorf("read acquired generation (%d): the acquisition happened: %w", gen, err)
+	if gen < 1 {
+		return driver.Grant{}, fmt.Errorf("read acquired generation (%d): the acquisition happened", gen)
 	}
-	grant := driver.Grant{Generation: gen}
-	if g, o, until, now, err := d.readLease(ctx, resource); err == nil {
-		grant.LeaseUntil = now
-		if g == gen && o == owner {
-			grant.LeaseUntil = until
-		}
+	if rerr != nil || !found || !acquired.Valid {
+		return driver.Grant{}, fmt.Errorf("read the epoch of acquired generation %d (found %t): the acquisition happened: %v",
+			gen, found, rerr)
+	}
+	grant := driver.Grant{Epoch: acquired.Int64, Generation: gen, LeaseUntil: fromMicros(now)}
+	if rowGen == gen && rowOwner.String == p.owner && until.Valid {
+		grant.LeaseUntil = fromMicros(until.Int64)
 	}
 	return grant, nil
 }
 
-// readLease is the short read that Acquire makes after its statement.
-func (d *Driver) readLease(ctx context.Context, resource string) (gen int64, owner string, until, now time.Time, err error) {
-	var (
-		o    sql.NullString
-		u    sql.NullInt64
-		nowU int64
-	)
-	err = d.db.QueryRowContext(ctx, sqlReadLease, resource).Scan(&gen, &o, &u, &nowU)
-	if errors.Is(err, sql.ErrNoRows) {
-		return 0, "", time.Time{}, time.Time{}, driver.ErrNotFound
-	}
-	if err != nil {
-		return 0, "", time.Time{}, time.Time{}, translate(err)
-	}
-	return gen, o.String, fromNullMicros(u), fromMicros(nowU), nil
-}
-
 // Renew returns the expiry it stored, which comes back in the statement's reply (see sqlRenew).
 func (d *Driver) Renew(ctx context.Context, l driver.LeaseRef, ttl time.Duration) (time.Time, bool, error) {
-	res, err := d.exec(ctx, sqlRenew, ttl.Microseconds(), l.Resource, l.Owner, l.Generation)
+	p := leaseParams(l)
+	p.ttl = ttl.Microseconds()
+	matched, until, err := d.mutate(ctx, sqlRenew, p)
 	if err != nil {
 		return time.Time{}, false, err
 	}
-	if ok, err := oneRow(res); !ok || err != nil {
+	if ok, err := oneRow(matched); !ok || err != nil {
 		return time.Time{}, false, err
-	}
-	until, err := res.LastInsertId()
-	if err != nil {
-		return time.Time{}, false, fmt.Errorf("read renewed expiry: the renewal happened: %w", err)
 	}
 	return fromMicros(until), true, nil
 }
 
 func (d *Driver) Publish(ctx context.Context, l driver.LeaseRef, pub driver.Publication) (bool, error) {
-	payload := pub.Payload // TODO(issue 4): epoch, operation id and source version
-	return d.execOne(ctx, sqlPublish, publishArgs(l.Resource, l.Owner, l.Generation, payload)...)
+	return d.publish(ctx, sqlPublish, l, pub)
 }
 
 func (d *Driver) PublishAndRelease(ctx context.Context, l driver.LeaseRef, pub driver.Publication) (bool, error) {
-	payload := pub.Payload // TODO(issue 4): epoch, operation id and source version
-	return d.execOne(ctx, sqlPublishAndRelease, publishArgs(l.Resource, l.Owner, l.Generation, payload)...)
+	return d.publish(ctx, sqlPublishAndRelease, l, pub)
+}
+
+// publish calls the publication's procedure: the conditional UPDATE and, when it matched, the
+// record of the operation id as accepted, in one transaction. A duplicate key on that record
+// means a concurrent Resolve recorded the id first; the transaction was rolled back, and the
+// publication is refused like any other whose id is known.
+func (d *Driver) publish(ctx context.Context, s *stmt, l driver.LeaseRef, pub driver.Publication) (bool, error) {
+	p := leaseParams(l)
+	p.payload, p.sourceVersion, p.opID = pub.Payload, pub.SourceVersion, pub.OpID
+	matched, _, err := d.mutate(ctx, s, p)
+	if serverError(err) == erDupEntry {
+		return false, nil
+	}
+	if err != nil {
+		return false, err
+	}
+	return oneRow(matched)
 }
 
 func (d *Driver) Release(ctx context.Context, l driver.LeaseRef) (bool, error) {
-	return d.execOne(ctx, sqlRelease, releaseArgs(l.Resource, l.Owner, l.Generation)...)
+	matched, _, err := d.mutate(ctx, sqlRelease, leaseParams(l))
+	if err != nil {
+		return false, err
+	}
+	return oneRow(matched)
+}
+
+func leaseParams(l driver.LeaseRef) *params {
+	return &params{resource: l.Resource, owner: l.Owner, generation: l.Generation, epoch: l.Epoch}
 }
 
 func (d *Driver) Read(ctx context.Context, resource string) (driver.State, error) {
+	procs, err := d.procedures(ctx)
+	if err != nil {
+		return driver.State{}, err
+	}
 	var (
 		st                 = driver.State{Resource: resource}
 		owner              sql.NullString
 		until, publishedAt sql.NullInt64
 		now                int64
 	)
-	err := d.db.QueryRowContext(ctx, sqlRead, resource).Scan(&st.Generation, &owner, &until,
-		&st.PublishedGeneration, &publishedAt, &st.PayloadSize, &now)
-	if errors.Is(err, sql.ErrNoRows) {
-		return driver.State{}, driver.ErrNotFound
-	}
+	found, err := query(ctx, d.db, procs, sqlRead, &params{resource: resource}, &st.Epoch, &st.Generation, &owner,
+		&until, &st.PublishedEpoch, &st.PublishedGeneration, &publishedAt, &st.SourceVersion, &st.PayloadSize,
+		&st.CurrentEpoch, &now)
 	if err != nil {
-		return driver.State{}, translate(err)
+		return driver.State{}, err
+	}
+	if !found {
+		return driver.State{}, driver.ErrNotFound
 	}
 	st.Owner = owner.String
 	st.LeaseUntil = fromNullMicros(until)
@@ -367,91 +322,159 @@ func (d *Driver) Read(ctx context.Context, resource string) (driver.State, error
 }
 
 func (d *Driver) ReadPayload(ctx context.Context, resource string) ([]byte, int64, error) {
+	procs, err := d.procedures(ctx)
+	if err != nil {
+		return nil, 0, err
+	}
 	var (
 		gen     int64
 		payload []byte
 	)
-	err := d.db.QueryRowContext(ctx, sqlReadPayload, resource).Scan(&gen, &payload)
-	if errors.Is(err, sql.ErrNoRows) {
-		return nil, 0, driver.ErrNotFound
-	}
+	found, err := query(ctx, d.db, procs, sqlReadPayload, &params{resource: resource}, &gen, &payload)
 	if err != nil {
-		return nil, 0, translate(err)
+		return nil, 0, err
+	}
+	if !found {
+		return nil, 0, driver.ErrNotFound
 	}
 	return payload, gen, nil
 }
 
-// deadlockAttempts bounds how often one statement is run when InnoDB picks it as a deadlock
-// victim. A victim's transaction (here: the single statement) was rolled back whole, so
-// running it again cannot apply it twice.
-const deadlockAttempts = 3
+// ResolveOperation records the id as aborted unless it has a record, then reads the record in
+// a second statement. That is race-free: the first statement has committed a record for the
+// id (its own, or one that was there) before the second starts, and a record is never changed
+// once written (a publication's INSERT of an id that exists fails, and its transaction rolls
+// back), so the read, a fresh snapshot taken after that commit, sees the final outcome. A
+// publication with the same id that was in flight either committed before the INSERT (which
+// then waited for it on the key's lock and found its record) or will fail on the key.
+func (d *Driver) ResolveOperation(ctx context.Context, opID string) (driver.Operation, error) {
+	if _, _, err := d.mutate(ctx, sqlResolve, &params{opID: opID}); err != nil {
+		return driver.Operation{OpID: opID}, err
+	}
+	op, err := d.ReadOperation(ctx, opID)
+	if err == nil && op.Outcome == "" {
+		// Only PruneOperations deletes records; it ran between the two statements.
+		return op, fmt.Errorf("read operation %q: its record was pruned as soon as it was written", opID)
+	}
+	return op, err
+}
 
-// exec runs one autocommit statement.
-func (d *Driver) exec(ctx context.Context, query string, args ...any) (sql.Result, error) {
-	for attempt := 1; ; attempt++ {
-		res, err := d.db.ExecContext(ctx, query, args...)
+func (d *Driver) ReadOperation(ctx context.Context, opID string) (driver.Operation, error) {
+	procs, err := d.procedures(ctx)
+	if err != nil {
+		return driver.Operation{OpID: opID}, err
+	}
+	var (
+		op                 = driver.Operation{OpID: opID}
+		resource           sql.NullString
+		epoch, gen, atUsec sql.NullInt64
+	)
+	found, err := query(ctx, d.db, procs, sqlReadOperation, &params{opID: opID}, &op.Outcome, &resource, &epoch, &gen, &atUsec)
+	if err != nil || !found {
+		return driver.Operation{OpID: opID}, err
+	}
+	op.Resource, op.Epoch, op.Generation = resource.String, epoch.Int64, gen.Int64
+	op.RecordedAt = fromNullMicros(atUsec)
+	return op, nil
+}
+
+// BumpEpoch calls the procedure that advances the epoch and frees every lease in one
+// transaction. Against a concurrent acquisition, see currentEpoch in sql.go.
+func (d *Driver) BumpEpoch(ctx context.Context) (int64, error) {
+	matched, epoch, err := d.mutate(ctx, sqlBumpEpoch, &params{})
+	if err != nil {
+		return 0, err
+	}
+	if matched != 1 || epoch < 1 {
+		return 0, fmt.Errorf("bump epoch: fenced_meta has no epoch row (matched %d); run Migrate", matched)
+	}
+	return epoch, nil
+}
+
+func (d *Driver) PruneOperations(ctx context.Context, age time.Duration) (int64, error) {
+	deleted, _, err := d.mutate(ctx, sqlPrune, &params{age: age.Microseconds()})
+	return deleted, err
+}
+
+// CheckDurability warns about server settings under which a commit that was acknowledged can
+// be lost in a crash: InnoDB's redo log not flushed at each commit, a binary log not synced at
+// each commit (a crash can then lose commits the binary log, and so every replica, never saw),
+// and a fenced table on an engine other than InnoDB. When the server cannot be reached it says
+// so as its warning, so that a store can still be made (and fail on its first operation).
+func (d *Driver) CheckDurability(ctx context.Context) ([]string, error) {
+	procs, err := d.procedures(ctx)
+	if err == nil {
+		var s durabilitySettings
+		err = d.db.QueryRowContext(ctx, `SELECT @@global.innodb_flush_log_at_trx_commit, @@global.log_bin,
+    @@global.sync_binlog`).Scan(&s.flushLogAtTrxCommit, &s.logBin, &s.syncBinlog)
 		if err == nil {
-			return res, nil
+			s.engines, err = d.tableEngines(ctx, procs)
 		}
-		if attempt < deadlockAttempts && serverError(err) == erLockDeadlock && ctx.Err() == nil {
-			continue
+		if err == nil {
+			return s.warnings(), nil
 		}
-		return nil, translate(err)
 	}
+	if errors.Is(classify(err), driver.ErrNotApplied) && serverError(err) == 0 {
+		return []string{fmt.Sprintf("the durability settings could not be read: %v", err)}, nil
+	}
+	return nil, err
 }
 
-// execOne runs a conditional UPDATE; ok is true when it matched exactly one row.
-func (d *Driver) execOne(ctx context.Context, query string, args ...any) (bool, error) {
-	res, err := d.exec(ctx, query, args...)
+func (d *Driver) tableEngines(ctx context.Context, procs bool) (map[string]string, error) {
+	text, args := sqlTableEngines.sql, []any(nil)
+	if procs {
+		text = sqlTableEngines.call()
+	}
+	rows, err := d.db.QueryContext(ctx, text, args...)
 	if err != nil {
-		return false, err
+		return nil, err
 	}
-	return oneRow(res)
+	defer rows.Close()
+	engines := map[string]string{}
+	for rows.Next() {
+		var table, engine string
+		if err := rows.Scan(&table, &engine); err != nil {
+			return nil, err
+		}
+		engines[table] = engine
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	for rows.NextResultSet() {
+		for rows.Next() {
+		}
+	}
+	return engines, rows.Close()
 }
 
-// oneRow reports whether a statement matched exactly one row. With clientFoundRows the count is
-// of matched rows, so an UPDATE that writes the values already stored still counts.
-func oneRow(res sql.Result) (bool, error) {
-	n, err := res.RowsAffected()
-	if err != nil {
-		return false, err
-	}
-	if n > 1 {
-		return false, fmt.Errorf("statement matched %d rows; the resource key is not unique", n)
-	}
-	return n == 1, nil
+type durabilitySettings struct {
+	flushLogAtTrxCommit, logBin, syncBinlog int64
+	engines                                 map[string]string
 }
 
-// Server error numbers that change what an error means.
-const (
-	erLockWaitTimeout = 1205
-	erLockDeadlock    = 1213
-)
-
-func serverError(err error) uint16 {
-	var me *mysql.MySQLError
-	if errors.As(err, &me) {
-		return me.Number
+func (s durabilitySettings) warnings() []string {
+	var out []string
+	if s.flushLogAtTrxCommit != 1 {
+		out = append(out, fmt.Sprintf("innodb_flush_log_at_trx_commit is %d, not 1: a crash can lose commits of the last second",
+			s.flushLogAtTrxCommit))
 	}
-	return 0
-}
-
-// translate is the one place where a server or connection error gets its meaning.
-//
-// A deadlock and a lock wait timeout both roll back our single-statement transaction, so
-// either is certain not to have applied (with innodb_rollback_on_timeout off, a timeout rolls
-// back the statement, which is the whole transaction here). exec retries deadlocks, which
-// InnoDB resolves at once, but not lock wait timeouts: one means another session held the
-// row for innodb_lock_wait_timeout (50 s by default), so waiting that long again would
-// overrun the caller's expectations of a lease operation while hiding the stuck session.
-func translate(err error) error {
-	switch serverError(err) {
-	case erLockDeadlock:
-		return fmt.Errorf("%w: chosen as a deadlock victim: %w", ErrNotApplied, err)
-	case erLockWaitTimeout:
-		return fmt.Errorf("%w: lock wait timeout: %w", ErrNotApplied, err)
+	if s.logBin != 0 && s.syncBinlog != 1 {
+		out = append(out, fmt.Sprintf("sync_binlog is %d, not 1, with binary logging on: a crash can lose commits from the binary log and so from every replica",
+			s.syncBinlog))
 	}
-	return err
+	tables := make([]string, 0, len(s.engines))
+	for t := range s.engines {
+		tables = append(tables, t)
+	}
+	sort.Strings(tables)
+	for _, t := range tables {
+		if !strings.EqualFold(s.engines[t], "InnoDB") {
+			out = append(out, fmt.Sprintf("table %s uses the %s engine, not InnoDB: its writes are not transactional or crash-safe",
+				t, s.engines[t]))
+		}
+	}
+	return out
 }
 
 func fromMicros(us int64) time.Time { return time.UnixMicro(us).UTC() }
@@ -461,22 +484,4 @@ func fromNullMicros(us sql.NullInt64) time.Time {
 		return time.Time{}
 	}
 	return fromMicros(us.Int64)
-}
-
-// TODO(issue 4): the recovery features below are being implemented for this backend; until then
-// they fail loudly and the conformance suite's tests for them fail.
-var errIssue4Pending = errors.New("mysql backend: epochs, operation ids and source versions are not implemented yet")
-
-func (d *Driver) ResolveOperation(context.Context, string) (driver.Operation, error) {
-	return driver.Operation{}, errIssue4Pending
-}
-
-func (d *Driver) ReadOperation(context.Context, string) (driver.Operation, error) {
-	return driver.Operation{}, errIssue4Pending
-}
-
-func (d *Driver) BumpEpoch(context.Context) (int64, error) { return 0, errIssue4Pending }
-
-func (d *Driver) PruneOperations(context.Context, time.Duration) (int64, error) {
-	return 0, errIssue4Pending
 }

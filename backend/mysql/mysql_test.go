@@ -2,6 +2,8 @@ package mysql_test
 
 import (
 	"context"
+	"net"
+	"net/url"
 	"testing"
 
 	"go.uber.org/goleak"
@@ -38,7 +40,37 @@ func newTarget(t *testing.T) drivertest.Target {
 			_, err := admin.DB().ExecContext(ctx, expireSQL, resource)
 			return err
 		},
+		LostReply: func(t *testing.T) (driver.Driver, func()) {
+			proxy := drivertest.StartProxy(t, hostPort(t, dbURL))
+			return open(t, withHost(t, dbURL, proxy.Addr())), proxy.LoseNextReply
+		},
+		Unreachable: func(t *testing.T) driver.Driver {
+			return open(t, withHost(t, dbURL, drivertest.ClosedAddr(t)))
+		},
 	}
+}
+
+// hostPort is the server's address in a mysql:// URL.
+func hostPort(t testing.TB, rawURL string) string {
+	u, err := url.Parse(rawURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	port := u.Port()
+	if port == "" {
+		port = "3306"
+	}
+	return net.JoinHostPort(u.Hostname(), port)
+}
+
+// withHost points a mysql:// URL at another address.
+func withHost(t testing.TB, rawURL, addr string) string {
+	u, err := url.Parse(rawURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	u.Host = addr
+	return u.String()
 }
 
 func TestConformance(t *testing.T) { drivertest.Run(t, newTarget) }
