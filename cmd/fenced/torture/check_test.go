@@ -194,3 +194,26 @@ func TestExcerptIsSmall(t *testing.T) {
 	}
 	wantViolated(t, r, InvFence)
 }
+
+// Events about a worker keep its name, so that the report draws them on its lane.
+func TestRecorderKeepsEventProc(t *testing.T) {
+	dir := t.TempDir()
+	rec, err := NewRecorder(dir+"/nemesis.jsonl", "nemesis")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := rec.Write(Record{Kind: KindEvent, Event: FaultPause, Proc: "w1.1", EndTime: Now()}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := rec.Call(Record{Op: OpShow, Resource: "r"}); err != nil {
+		t.Fatal(err)
+	}
+	_ = rec.Close()
+	h, err := Load(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(h.Events) != 1 || h.Events[0].Proc != "w1.1" || len(h.Ops) != 1 || h.Ops[0].Proc != "nemesis" || !h.Ops[0].Unknown() {
+		t.Fatalf("events %+v ops %+v", h.Events, h.Ops)
+	}
+}

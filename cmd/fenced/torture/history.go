@@ -105,11 +105,14 @@ func NewRecorder(path, proc string) (*Recorder, error) {
 	return &Recorder{f: f, proc: proc}, nil
 }
 
-// Write stamps r with the process and, when it has none, the current time, and appends it.
+// Write stamps r with the recorder's process (unless r names one: an event about a worker)
+// and, when it has none, the current time, and appends it.
 func (w *Recorder) Write(r Record) error {
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	r.Proc = w.proc
+	if r.Proc == "" {
+		r.Proc = w.proc
+	}
 	if r.Time == 0 {
 		r.Time = Now()
 	}
