@@ -110,7 +110,11 @@ func New(ctx context.Context, drv driver.Driver, cfg *Config) (*Store, error) {
 	}
 	warnings, err := s.CheckDurability(ctx)
 	if err != nil {
-		return nil, err
+		// Not knowing is not the same as knowing it is unsafe; only a strict store refuses.
+		if c.StrictDurability {
+			return nil, err
+		}
+		c.Logger.Warn("fenced: could not check the database's durability settings", "error", err)
 	}
 	for _, w := range warnings {
 		if c.StrictDurability {
