@@ -1,0 +1,272 @@
+package sqlserver
+
+import (
+	"context"
+	sqldriver "database/sql/driver"
+	"errors"
+	"io"
+	"net"
+	"strings"
+	"testing"
+	"time"
+
+	mssql "github.com/microsoft/go-mssqldb"
+
+	"github.com/fenced-dev/fenced"
+	"github.com/fenced-dev/fenced/driver"
+	"github.com/fenced-dev/fenced/driver/drivertest"
+)
+
+// TestClassification: an error is "not applied" only when the batch provably did not take
+// effect; everything that may have reached the server stays unknown, and nothing becomes a
+// refusal.
+func TestClassification(t *testing.T) {
+	tests := []struct {
+		name       string
+		err        error
+		notApplied bool
+	}{
+		{"server error: rolled back under XACT_ABORT", mssql.Error{Number: 8152, Class: 16, Message: "truncated"}, true},
+		{"server error as a pointer", &mssql.Error{Number: 547, Class: 16, Message: "constraint"}, true},
+		{"deadlock victim", mssql.Error{Number: errDeadlockVictim, Class: 13, Message: "deadlock"}, true},
+		{"fatal severity: the connection ended, maybe around a commit", mssql.Error{Number: 21, Class: 21, Message: "fatal"}, false},
+		{"fatal severity among several", mssql.Error{Number: 3980, Class: 16, All: []mssql.Error{{Class: 20}, {Class: 16}}}, false},
+		{"DONE_SRVERROR", mssql.ServerError{}, false},
+		{"bad connection before sending", sqldriver.ErrBadConn, true},
+		{"reply lost: EOF", io.EOF, false},
+		{"reply lost: network", &net.OpError{Op: "read", Err: errors.New("connection reset by peer")}, false},
+		{"context ended after sending", context.Canceled, false},
+		{"anything else", errors.New("something"), false},
+		{"marked where it was known", driver.NotApplied(errors.New("dial")), true},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			got := translate("update lease", tt.err)
+			if errors.Is(got, driver.ErrNotApplied) != tt.notApplied {
+				t.Fatalf("translate(%v) = %v; not applied %v, want %v", tt.err, got, !tt.notApplied, tt.notApplied)
+			}
+			if !strings.HasPrefix(got.Error(), "update lease: ") {
+				t.Fatalf("message %q", got)
+			}
+		})
+	}
+}
+
+// TestMutationsNotSentAreNotApplied: when no connection can be had, every mutation says it
+// did not happen, and none is a refusal.
+func TestMutationsNotSentAreNotApplied(t *testing.T) {
+	d, rec := newTestDriver(t)
+	rec.connectErr = errors.New("dial tcp 127.0.0.1:1: connect: connection refused")
+	for what, err := range mutationErrors(ctxT(t), d) {
+		if !errors.Is(err, driver.ErrNotApplied) {
+			t.Errorf("%s: %v, want not applied", what, err)
+		}
+	}
+	if n := len(rec.Calls()); n != 0 {
+		t.Fatalf("%d statements recorded", n)
+	}
+}
+
+// TestMutationsWithALostReplyAreUnknown: an error while reading the reply is not "not
+// applied", and not a refusal; the statement is not sent again.
+func TestMutationsWithALostReplyAreUnknown(t *testing.T) {
+	lost := &net.OpError{Op: "read", Err: io.ErrUnexpectedEOF}
+	var replies []reply
+	for range 8 {
+		replies = append(replies, reply{err: lost})
+	}
+	d, rec := newTestDriver(t, replies...)
+	errs := mutationErrors(ctxT(t), d)
+	for what, err := range errs {
+		if err == nil || errors.Is(err, driver.ErrNotApplied) || errors.Is(err, driver.ErrNotFound) {
+			t.Errorf("%s: %v, want an unknown outcome", what, err)
+		}
+	}
+	if n := len(rec.Calls()); n != len(errs) {
+		t.Fatalf("%d statements sent for %d operations", n, len(errs))
+	}
+}
+
+func mutationErrors(ctx context.Context, d *Driver) map[string]error {
+	l := driver.LeaseRef{Resource: "r", Owner: "o", Epoch: 1, Generation: 1}
+	pub := driver.Publication{Payload: []byte("p"), OpID: "op"}
+	_, acqErr := d.Acquire(ctx, "r", "o", time.Minute)
+	_, _, renewErr := d.Renew(ctx, l, time.Minute)
+	_, pubErr := d.Publish(ctx, l, pub)
+	_, parErr := d.PublishAndRelease(ctx, l, pub)
+	_, relErr := d.Release(ctx, l)
+	_, resErr := d.ResolveOperation(ctx, "op")
+	_, bumpErr := d.BumpEpoch(ctx)
+	return map[string]error{"provision": d.Provision(ctx, "r"), "acquire": acqErr, "renew": renewErr,
+		"publish": pubErr, "publish and release": parErr, "release": relErr, "resolve": resErr, "bump": bumpErr}
+}
+
+// TestUnreachableServer runs go-mssqldb for real against a port where nothing listens: every
+// mutation is a certain failure, and a store still opens (the durability check warns).
+func TestUnreachableServer(t *testing.T) {
+	d := openUnreachable(t)
+	ctx := ctxT(t)
+	for what, err := range mutationErrors(ctx, d) {
+		if !errors.Is(err, driver.ErrNotApplied) {
+			t.Errorf("%s: %v, want not applied", what, err)
+		}
+	}
+	s, err := fenced.New(ctx, d, &fenced.Config{SkipMigrate: true})
+	if err != nil {
+		t.Fatalf("open a store on an unreachable server: %v", err)
+	}
+	defer s.Close()
+	l, err := s.LeaseFor("r", "owner", fenced.Token{Epoch: 1, Generation: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, acqErr := s.Acquire(ctx, "r", time.Minute)
+	for what, err := range map[string]error{"acquire": acqErr, "publish": l.Publish(ctx, []byte("x")),
+		"renew": l.Renew(ctx, time.Minute), "release": l.Release(ctx)} {
+		if err == nil || errors.Is(err, fenced.ErrOutcomeUnknown) || errors.Is(err, fenced.ErrRefused) || errors.Is(err, fenced.ErrBusy) {
+			t.Errorf("%s: %v, want a certain failure", what, err)
+		}
+	}
+}
+
+// openUnreachable opens a driver on a loopback port where nothing listens.
+func openUnreachable(t *testing.T) *Driver {
+	d, err := Open("sqlserver://sa:pw@" + drivertest.ClosedAddr(t) + "?database=fenced&dial+timeout=2&connection+timeout=5")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = d.Close() })
+	return d
+}
+
+// TestModeDetection: a login that may update the tables sends the statements; one that may
+// not, once the procedures exist, calls them by name with the same parameters.
+func TestModeDetection(t *testing.T) {
+	privileges := func(canUpdate, procedure any) reply {
+		return reply{sets: []resultSet{{cols: []string{"u", "p"}, rows: [][]sqldriver.Value{{canUpdate, procedure}}}}}
+	}
+	tests := []struct {
+		name      string
+		reply     reply
+		want      func(statements) string
+		keepsMode int32
+	}{
+		{"may update", privileges(int64(1), int64(99)), func(s statements) string { return s.text[opRelease] }, modeDirect},
+		{"denied, procedures installed", privileges(int64(0), int64(99)), func(s statements) string { return s.procedure[opRelease] }, modeProcedures},
+		{"table invisible, procedures installed", privileges(nil, int64(99)), func(s statements) string { return s.procedure[opRelease] }, modeProcedures},
+		{"denied, no procedures: undecided", privileges(int64(0), nil), func(s statements) string { return s.text[opRelease] }, modeUnknown},
+		{"privileges unreadable: undecided", reply{err: mssql.Error{Number: 229, Class: 14}}, func(s statements) string { return s.text[opRelease] }, modeUnknown},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			rec, db := newRecorder(t, tt.reply, outputRows(1))
+			d := New(db)
+			if ok, err := d.Release(ctxT(t), lease); !ok || err != nil {
+				t.Fatalf("release: %v %v", ok, err)
+			}
+			calls := rec.Calls()
+			wantCall(t, calls[0], "query", sqlPrivileges, arg{"table", "[dbo].[fenced_resources]"}, arg{"procedure", "[dbo].[fenced_acquire]"})
+			wantCall(t, calls[1], "query", tt.want(d.sql), arg{"resource", "jobs/é"}, arg{"owner", "OWNER1"},
+				arg{"generation", int64(7)}, arg{"epoch", int64(2)})
+			if m := d.mode.Load(); m != tt.keepsMode {
+				t.Fatalf("mode %d, want %d", m, tt.keepsMode)
+			}
+		})
+	}
+}
+
+func TestCheckDurability(t *testing.T) {
+	setting := func(v string) reply {
+		return reply{sets: []resultSet{{cols: []string{"delayed_durability_desc"}, rows: [][]sqldriver.Value{{v}}}}}
+	}
+	d, rec := newTestDriver(t, setting("DISABLED"), setting("FORCED"), setting("ALLOWED"), reply{err: errors.New("no route")})
+	c := ctxT(t)
+	if w, err := d.CheckDurability(c); err != nil || len(w) != 0 {
+		t.Fatalf("DISABLED: %v, %v", w, err)
+	}
+	for _, want := range []string{"DELAYED_DURABILITY is FORCED", "DELAYED_DURABILITY is ALLOWED", "could not be read (no route)"} {
+		w, err := d.CheckDurability(c)
+		if err != nil || len(w) != 1 || !strings.Contains(w[0], want) {
+			t.Fatalf("got %v, %v; want a warning containing %q", w, err, want)
+		}
+	}
+	for _, c := range rec.Calls() {
+		wantCall(t, c, "query", "SELECT delayed_durability_desc FROM sys.databases WHERE database_id = DB_ID()")
+	}
+}
+
+func TestGrantSendsProceduresThenPermissions(t *testing.T) {
+	rec, db := newRecorder(t)
+	d, err := NewWithConfig(db, &Config{Schema: "app_locks"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := d.Grant(ctxT(t), "fenced_app"); err != nil {
+		t.Fatal(err)
+	}
+	calls := rec.Calls()
+	if len(calls) != int(numOps)+3 {
+		t.Fatalf("%d calls: %+v", len(calls), calls)
+	}
+	wantCall(t, calls[0], "begin", "")
+	for o := range numOps {
+		wantCall(t, calls[1+int(o)], "exec", d.sql.create[o])
+	}
+	want := `SET XACT_ABORT ON;
+IF EXISTS (SELECT 1 FROM sys.database_principals
+           WHERE name = @role AND (principal_id < 5 OR is_fixed_role = 1))
+    THROW 50000, N'fenced grant: refusing to restrict a built-in database principal', 1;
+IF DATABASE_PRINCIPAL_ID(@role) IS NULL
+    CREATE ROLE [fenced_app];
+GRANT EXECUTE ON OBJECT::[app_locks].[fenced_provision] TO [fenced_app];
+GRANT EXECUTE ON OBJECT::[app_locks].[fenced_acquire] TO [fenced_app];
+GRANT EXECUTE ON OBJECT::[app_locks].[fenced_renew] TO [fenced_app];
+GRANT EXECUTE ON OBJECT::[app_locks].[fenced_publish] TO [fenced_app];
+GRANT EXECUTE ON OBJECT::[app_locks].[fenced_publish_and_release] TO [fenced_app];
+GRANT EXECUTE ON OBJECT::[app_locks].[fenced_release] TO [fenced_app];
+GRANT EXECUTE ON OBJECT::[app_locks].[fenced_read] TO [fenced_app];
+GRANT EXECUTE ON OBJECT::[app_locks].[fenced_read_payload] TO [fenced_app];
+GRANT EXECUTE ON OBJECT::[app_locks].[fenced_resolve] TO [fenced_app];
+GRANT EXECUTE ON OBJECT::[app_locks].[fenced_read_operation] TO [fenced_app];
+GRANT EXECUTE ON OBJECT::[app_locks].[fenced_bump_epoch] TO [fenced_app];
+GRANT EXECUTE ON OBJECT::[app_locks].[fenced_prune_operations] TO [fenced_app];
+GRANT SELECT ON OBJECT::[app_locks].[fenced_schema_migrations] TO [fenced_app];
+GRANT VIEW DEFINITION ON SCHEMA::[app_locks] TO [fenced_app];
+DENY INSERT, UPDATE, DELETE ON OBJECT::[app_locks].[fenced_resources] TO [fenced_app];
+DENY INSERT, UPDATE, DELETE ON OBJECT::[app_locks].[fenced_meta] TO [fenced_app];
+DENY INSERT, UPDATE, DELETE ON OBJECT::[app_locks].[fenced_operations] TO [fenced_app];
+DENY INSERT, UPDATE, DELETE ON OBJECT::[app_locks].[fenced_schema_migrations] TO [fenced_app];
+DENY ALTER ON SCHEMA::[app_locks] TO [fenced_app];`
+	wantCall(t, calls[numOps+1], "exec", want, arg{"role", "fenced_app"})
+	wantCall(t, calls[numOps+2], "commit", "")
+
+	// A failure rolls everything back.
+	rec, db = newRecorder(t, reply{}, reply{err: mssql.Error{Number: 262, Class: 14, Message: "CREATE PROCEDURE permission denied"}})
+	if err := New(db).Grant(ctxT(t), "fenced_app"); err == nil || !strings.Contains(err.Error(), "create procedure fenced_acquire") {
+		t.Fatalf("grant without permission: %v", err)
+	}
+	if calls := rec.Calls(); calls[len(calls)-1].kind != "rollback" {
+		t.Fatalf("no rollback: %+v", calls)
+	}
+}
+
+func TestGrantRefusesBadRoleNames(t *testing.T) {
+	rec, db := newRecorder(t)
+	d := New(db)
+	for _, role := range []string{"", "a]b", "a b", "1role", "x;DROP TABLE y", "[r]", "é", strings.Repeat("r", 64)} {
+		if err := d.Grant(ctxT(t), role); err == nil {
+			t.Errorf("role %q accepted", role)
+		}
+	}
+	if n := len(rec.Calls()); n != 0 {
+		t.Fatalf("%d statements sent", n)
+	}
+}
+
+func TestQuoteName(t *testing.T) {
+	for in, want := range map[string]string{"dbo": "[dbo]", "a]b": "[a]]b]", "]]": "[]]]]]", "a[b": "[a[b]"} {
+		if got := quoteName(in); got != want {
+			t.Errorf("quoteName(%q) = %q, want %q", in, got, want)
+		}
+	}
+}
