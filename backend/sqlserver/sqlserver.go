@@ -6,16 +6,30 @@
 // server; the conformance suite and the benchmarks run only when FENCED_TEST_SQLSERVER names
 // a server (see sqlserver_test.go).
 //
-// Every change is one autocommit statement: an UPDATE whose WHERE clause is the protocol's
-// condition, judged by SQL Server against SYSUTCDATETIME(). Acquire and Renew return the new
-// generation and expiry with OUTPUT in the same round trip (a refused Acquire reads the holder
-// in that round trip too, after the UPDATE has decided); Publish, PublishAndRelease and
-// Release are accepted when exactly one row was changed. An UPDATE takes an update lock on the
-// row before it evaluates the condition, also under READ_COMMITTED_SNAPSHOT, so concurrent
-// operations on one resource are evaluated one after another on the latest committed row.
-// Each batch first turns NOCOUNT and IMPLICIT_TRANSACTIONS off for itself (see autocommit in
-// sql.go), whatever the server or the caller's session set. The table must have no triggers:
-// SQL Server refuses OUTPUT without INTO on a table with enabled triggers.
+// Every change is one batch that SQL Server evaluates: a conditional UPDATE whose WHERE clause
+// is the protocol's condition, judged against SYSUTCDATETIME(). Acquire and Renew return the
+// new token and expiry with OUTPUT in the same round trip (a refused Acquire reads the holder
+// in that round trip too, after the UPDATE has decided); Release answers its OUTPUT row.
+// Publish and PublishAndRelease run the UPDATE and the record of the operation id as accepted
+// in one transaction inside the batch; ResolveOperation records an unknown id as aborted and
+// reads the outcome in one; BumpEpoch advances fenced_meta's epoch and frees every lease in
+// one. An UPDATE takes an update lock on the row before it evaluates the condition, also
+// under READ_COMMITTED_SNAPSHOT, so concurrent operations on one resource are evaluated one
+// after another on the latest committed row. Each batch first turns NOCOUNT and
+// IMPLICIT_TRANSACTIONS off for itself, and each that writes turns XACT_ABORT on and pins READ
+// COMMITTED (see autocommit and writes in sql.go). The tables must have no triggers: SQL
+// Server refuses OUTPUT without INTO on a table with enabled triggers.
+//
+// Outcomes: a writing batch runs on a connection the driver holds for it, so database/sql
+// never sends it again on another connection. An error is reported as driver.ErrNotApplied
+// only when the batch provably did not take effect - no connection could be had, go-mssqldb
+// failed before or while writing the request, or SQL Server answered with an error below
+// severity 20 (XACT_ABORT rolled the batch's transaction back); see notApplied. A connection
+// lost while reading the reply is an unknown outcome.
+//
+// Grant installs the operations as procedures, their bodies the driver's own statements, and
+// limits a role to executing them; a driver connected as that role finds this out by itself
+// and calls the procedures (see Grant and Driver.statement).
 //
 // SYSUTCDATETIME() is read when a statement starts. A statement that then waits on a row lock
 // judges expiry by that earlier instant: a publication or renewal that waited while its lease
