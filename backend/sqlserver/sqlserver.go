@@ -526,12 +526,12 @@ var _ driver.DurabilityChecker = (*Driver)(nil)
 // records are on disk (DELAYED_DURABILITY other than DISABLED). Under FORCED every commit is
 // delayed; under ALLOWED only transactions that ask for it, which fenced's never do, but
 // other code in the database may, and a crash then loses the log tail its commits share.
-// When the setting cannot be read, that is itself the warning, so that a store still opens
-// while the server is down (its operations then fail as not applied).
+// When the setting cannot be read it returns the error; the store decides what not knowing
+// means (only a strict store refuses to open).
 func (d *Driver) CheckDurability(ctx context.Context) ([]string, error) {
 	var setting string
 	if err := d.db.QueryRowContext(ctx, sqlDurability).Scan(&setting); err != nil {
-		return []string{fmt.Sprintf("the SQL Server DELAYED_DURABILITY setting could not be read (%v); check that it is DISABLED", err)}, nil
+		return nil, fmt.Errorf("read delayed durability: %w", err)
 	}
 	if strings.EqualFold(setting, "DISABLED") {
 		return nil, nil
