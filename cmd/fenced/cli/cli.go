@@ -8,6 +8,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"log/slog"
 	"os"
 	"strconv"
 	"time"
@@ -48,6 +49,7 @@ type app struct {
 	stdin          io.Reader
 	stdout, stderr io.Writer
 	db             string // --db
+	strict         bool   // --strict-durability
 	ran            bool   // the command line was accepted and a command started
 }
 
@@ -68,9 +70,12 @@ The schema is created on first use; "fenced migrate" does it explicitly.`,
 		SilenceUsage:  true,
 	}
 	root.PersistentFlags().StringVar(&a.db, "db", "", dbHelp)
+	root.PersistentFlags().BoolVar(&a.strict, "strict-durability", false,
+		"refuse to start when the database could lose acknowledged generations (fsync off, asynchronous commit, ...); without it, a warning")
 	root.SetFlagErrorFunc(func(_ *cobra.Command, err error) error { return err })
 	root.AddCommand(a.migrateCmd(), a.provisionCmd(), a.acquireCmd(), a.renewCmd(),
-		a.publishCmd(), a.releaseCmd(), a.showCmd(), a.getCmd(), a.runCmd(), a.demoCmd(), a.demoWorkerCmd())
+		a.publishCmd(), a.releaseCmd(), a.showCmd(), a.getCmd(), a.runCmd(), a.demoCmd(), a.demoWorkerCmd(),
+		a.tortureCmd(), a.tortureWorkerCmd(), a.resolveCmd(), a.epochCmd(), a.grantCmd(), a.pruneCmd())
 	for _, c := range append(root.Commands(), root) {
 		if !c.Hidden {
 			c.Long += "\n\n" + exitCodesHelp
@@ -106,7 +111,8 @@ func (a *app) open(cmd *cobra.Command) (*fenced.Store, error) {
 	if err != nil {
 		return nil, err
 	}
-	s, err := fenced.New(cmd.Context(), drv, nil)
+	logger := slog.New(slog.NewTextHandler(a.stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
+	s, err := fenced.New(cmd.Context(), drv, &fenced.Config{Logger: logger, StrictDurability: a.strict})
 	if err != nil {
 		_ = drv.Close()
 		return nil, err
@@ -142,20 +148,23 @@ func parseTTL(s string) (time.Duration, error) {
 	return d, nil
 }
 
-func parseGeneration(s string) (int64, error) {
+func parseGeneration(s string) (int64, error) { return parsePositive("--generation", s) }
+
+func parsePositive(flag, s string) (int64, error) {
 	g, err := strconv.ParseInt(s, 10, 64)
 	if err != nil || g < 1 {
-		return 0, usagef("invalid --generation %q: it must be a positive integer", s)
+		return 0, usagef("invalid %s %q: it must be a positive integer", flag, s)
 	}
 	return g, nil
 }
 
 // leaseFlags are the flags of the commands that present a lease.
-type leaseFlags struct{ owner, generation string }
+type leaseFlags struct{ owner, generation, epoch string }
 
 func (f *leaseFlags) add(cmd *cobra.Command) {
 	cmd.Flags().StringVar(&f.owner, "owner", "", "owner printed by acquire (required)")
 	cmd.Flags().StringVar(&f.generation, "generation", "", "generation printed by acquire (required)")
+	cmd.Flags().StringVar(&f.epoch, "epoch", "1", "epoch printed by acquire (needed once the epoch has been bumped)")
 	_ = cmd.MarkFlagRequired("owner")
 	_ = cmd.MarkFlagRequired("generation")
 }
@@ -167,11 +176,18 @@ func (a *app) lease(cmd *cobra.Command, resource string, f *leaseFlags) (*fenced
 	if err != nil {
 		return nil, nil, err
 	}
+	epoch, err := parsePositive("--epoch", f.epoch)
+	if err != nil {
+		return nil, nil, err
+	}
+	if err := fenced.ValidateOwner(f.owner); err != nil {
+		return nil, nil, err
+	}
 	s, err := a.open(cmd)
 	if err != nil {
 		return nil, nil, err
 	}
-	l, err := s.LeaseFor(resource, f.owner, gen)
+	l, err := s.LeaseFor(resource, f.owner, fenced.Token{Epoch: epoch, Generation: gen})
 	if err != nil {
 		_ = s.Close()
 		return nil, nil, err

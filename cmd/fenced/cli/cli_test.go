@@ -135,19 +135,24 @@ func checkSentence(t *testing.T, stderr string) {
 type leaseOut struct {
 	Resource   string `json:"resource"`
 	Owner      string `json:"owner"`
+	Epoch      int64  `json:"epoch"`
 	Generation int64  `json:"generation"`
 	LeaseUntil string `json:"lease_until"`
 }
 
 type stateOut struct {
 	Resource            string  `json:"resource"`
+	Epoch               int64   `json:"epoch"`
 	Generation          int64   `json:"generation"`
 	Owner               *string `json:"owner"`
 	LeaseUntil          *string `json:"lease_until"`
 	Held                bool    `json:"held"`
+	PublishedEpoch      int64   `json:"published_epoch"`
 	PublishedGeneration int64   `json:"published_generation"`
 	PublishedAt         *string `json:"published_at"`
+	SourceVersion       int64   `json:"source_version"`
 	PayloadBytes        int64   `json:"payload_bytes"`
+	CurrentEpoch        int64   `json:"current_epoch"`
 	DatabaseNow         string  `json:"database_now"`
 }
 

@@ -1,6 +1,7 @@
 package cli
 
 import (
+	"crypto/rand"
 	"fmt"
 	"io"
 	"os"
@@ -57,8 +58,14 @@ left as it is, so its generation is never reset: provisioning at every start is 
 type leaseJSON struct {
 	Resource   string  `json:"resource"`
 	Owner      string  `json:"owner"`
+	Epoch      int64   `json:"epoch"`
 	Generation int64   `json:"generation"`
 	LeaseUntil *string `json:"lease_until"`
+}
+
+func newLeaseJSON(l *fenced.Lease) leaseJSON {
+	return leaseJSON{Resource: l.Resource(), Owner: l.Owner(), Epoch: l.Epoch(), Generation: l.Generation(),
+		LeaseUntil: timeJSON(l.LeaseUntil())}
 }
 
 func (a *app) acquireCmd() *cobra.Command {
@@ -68,7 +75,7 @@ func (a *app) acquireCmd() *cobra.Command {
 		Short: "Take the resource's lease if it is free or expired",
 		Long: `Take the resource's lease for DURATION if it is free or its holder's lease has expired on
 the database's clock. The generation is incremented in the same statement. Prints the
-owner and generation to pass to renew, publish and release.`,
+owner, epoch and generation to pass to renew, publish and release.`,
 		Args: oneResource,
 		RunE: a.run(func(cmd *cobra.Command, args []string) error {
 			d, err := parseTTL(ttl)
@@ -84,8 +91,7 @@ owner and generation to pass to renew, publish and release.`,
 			if err != nil {
 				return err
 			}
-			return a.print(leaseJSON{Resource: l.Resource(), Owner: l.Owner(), Generation: l.Generation(),
-				LeaseUntil: timeJSON(l.LeaseUntil())})
+			return a.print(newLeaseJSON(l))
 		}),
 	}
 	cmd.Flags().StringVar(&ttl, "ttl", "", "how long the lease lasts, e.g. 30s (required)")
@@ -117,8 +123,7 @@ unexpired lease: a late renewal never revives an expired or superseded lease.`,
 			if err := l.Renew(cmd.Context(), d); err != nil {
 				return err
 			}
-			return a.print(leaseJSON{Resource: l.Resource(), Owner: l.Owner(), Generation: l.Generation(),
-				LeaseUntil: timeJSON(l.LeaseUntil())})
+			return a.print(newLeaseJSON(l))
 		}),
 	}
 	lf.add(cmd)
@@ -129,16 +134,21 @@ unexpired lease: a late renewal never revives an expired or superseded lease.`,
 
 func (a *app) publishCmd() *cobra.Command {
 	var (
-		lf      leaseFlags
-		file    string
-		release bool
+		lf            leaseFlags
+		file          string
+		release       bool
+		opID          string
+		sourceVersion int64
 	)
 	cmd := &cobra.Command{
 		Use:   "publish RESOURCE --owner O --generation G [--file PATH]",
 		Short: "Store a payload as the resource's result, if the lease is still current",
 		Long: fmt.Sprintf(`Store the payload (the file named by --file, else standard input) as the resource's
-published result, only if the lease presented is still the current, unexpired one and its
-generation has not published yet. The whole payload, at most %d bytes, is read before
+published result, only if the lease presented is still the current, unexpired one, its
+generation has not published yet, its --source-version (if any) is not older than the
+published one, and its --op-id has not been accepted or resolved before. If the reply is
+lost the exit code is 6 and the error names the operation id: "fenced resolve ID" then says
+for certain whether it was accepted. The whole payload, at most %d bytes, is read before
 the database is touched; a larger one is rejected and nothing is written.`, fenced.DefaultMaxPayloadBytes),
 		Args: oneResource,
 		RunE: a.run(func(cmd *cobra.Command, args []string) error {
@@ -155,21 +165,27 @@ the database is touched; a larger one is rejected and nothing is written.`, fenc
 				return err
 			}
 			defer s.Close()
+			if opID == "" {
+				opID = rand.Text() // printed either way, so that an unknown outcome can be resolved
+			}
+			opts := []fenced.PublishOption{fenced.WithOpID(opID), fenced.WithSourceVersion(sourceVersion)}
 			if release {
-				err = l.PublishAndRelease(cmd.Context(), payload)
+				err = l.PublishAndRelease(cmd.Context(), payload, opts...)
 			} else {
-				err = l.Publish(cmd.Context(), payload)
+				err = l.Publish(cmd.Context(), payload, opts...)
 			}
 			if err != nil {
 				return err
 			}
 			return a.print(map[string]any{"resource": l.Resource(), "published_generation": gen,
-				"payload_bytes": len(payload), "released": release})
+				"published_epoch": l.Epoch(), "op_id": opID, "payload_bytes": len(payload), "released": release})
 		}),
 	}
 	lf.add(cmd)
 	cmd.Flags().StringVar(&file, "file", "", "read the payload from this file instead of standard input")
 	cmd.Flags().BoolVar(&release, "release", false, "also release the lease, in the same statement")
+	cmd.Flags().StringVar(&opID, "op-id", "", "operation id, to resolve the outcome later if the reply is lost (default: a fresh one, named in the error)")
+	cmd.Flags().Int64Var(&sourceVersion, "source-version", 0, "version of the source data; refused if older than the published one (0: not checked)")
 	return cmd
 }
 
@@ -211,7 +227,7 @@ generation presented still hold it. It never resets the generation.`,
 			if err := l.Release(cmd.Context()); err != nil {
 				return err
 			}
-			return a.print(map[string]any{"resource": l.Resource(), "generation": l.Generation(), "released": true})
+			return a.print(map[string]any{"resource": l.Resource(), "epoch": l.Epoch(), "generation": l.Generation(), "released": true})
 		}),
 	}
 	lf.add(cmd)
@@ -222,25 +238,33 @@ generation presented still hold it. It never resets the generation.`,
 // lease is free); held says whether that lease was unexpired at database_now.
 type stateJSON struct {
 	Resource            string  `json:"resource"`
+	Epoch               int64   `json:"epoch"`
 	Generation          int64   `json:"generation"`
 	Owner               *string `json:"owner"`
 	LeaseUntil          *string `json:"lease_until"`
 	Held                bool    `json:"held"`
+	PublishedEpoch      int64   `json:"published_epoch"`
 	PublishedGeneration int64   `json:"published_generation"`
 	PublishedAt         *string `json:"published_at"`
+	SourceVersion       int64   `json:"source_version"`
 	PayloadBytes        int64   `json:"payload_bytes"`
+	CurrentEpoch        int64   `json:"current_epoch"`
 	DatabaseNow         *string `json:"database_now"`
 }
 
 func newStateJSON(st fenced.State) stateJSON {
 	out := stateJSON{
 		Resource:            st.Resource,
+		Epoch:               st.Epoch,
 		Generation:          st.Generation,
 		LeaseUntil:          timeJSON(st.LeaseUntil),
 		Held:                st.Held(),
+		PublishedEpoch:      st.PublishedEpoch,
 		PublishedGeneration: st.PublishedGeneration,
 		PublishedAt:         timeJSON(st.PublishedAt),
+		SourceVersion:       st.SourceVersion,
 		PayloadBytes:        st.PayloadSize,
+		CurrentEpoch:        st.CurrentEpoch,
 		DatabaseNow:         timeJSON(st.Now),
 	}
 	if st.Owner != "" {
@@ -256,7 +280,9 @@ func (a *app) showCmd() *cobra.Command {
 		Long: `Print the resource's state as one JSON object: generation, owner and lease_until (null
 when the lease is free; an expired holder stays until someone acquires or releases), held
 (whether that lease is unexpired at database_now), published_generation, published_at
-(null if nothing was published), payload_bytes and database_now.`,
+(null if nothing was published), payload_bytes and database_now. The token of the current
+generation is (epoch, generation); current_epoch is the store's epoch, which every new
+acquisition gets; published_epoch and source_version belong to the published payload.`,
 		Args: oneResource,
 		RunE: a.run(func(cmd *cobra.Command, args []string) error {
 			s, err := a.open(cmd)

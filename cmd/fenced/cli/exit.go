@@ -16,6 +16,8 @@ const (
 	ExitBusy        = 3 // another owner holds an unexpired lease
 	ExitNotFound    = 4 // the resource is not provisioned, or nothing was published
 	ExitRefused     = 5 // the lease presented is not current; nothing changed
+	ExitUnknown     = 6 // the request may have reached the database but no answer came back
+	ExitViolations  = 7 // fenced torture found violations of the protocol's invariants
 )
 
 // exitCodesHelp is printed under every command's help.
@@ -27,7 +29,11 @@ const exitCodesHelp = `Exit codes:
   4  not found: the resource is not provisioned (also when a lease operation is refused
      because the resource does not exist), or get found nothing published
   5  refused: the lease presented is not current (superseded, expired, released, or this
-     generation already published), or run lost its lease; nothing changed
+     generation already published, a stale source version, an operation id already
+     resolved, an epoch bumped since), or run lost its lease; nothing changed
+  6  outcome unknown: the request may have reached the database but the reply was lost;
+     for publish, "fenced resolve ID" settles it
+  7  torture found violations
   run passes on the exit code of a command that failed`
 
 // usageError is input that was rejected before anything was sent to the database.
@@ -43,12 +49,15 @@ func usagef(format string, args ...any) error {
 // missing resource matches both ErrRefused and ErrNotProvisioned and is reported as not found.
 func exitCode(err error) int {
 	var (
-		usage   *usageError
-		command *commandExit
+		usage      *usageError
+		command    *commandExit
+		violations *violationsError
 	)
 	switch {
 	case err == nil:
 		return ExitOK
+	case errors.As(err, &violations):
+		return ExitViolations
 	case errors.As(err, &command):
 		return command.code
 	case errors.As(err, &usage), errors.Is(err, fenced.ErrInvalid):
@@ -57,8 +66,12 @@ func exitCode(err error) int {
 		return ExitBusy
 	case errors.Is(err, fenced.ErrNotProvisioned), errors.Is(err, fenced.ErrNothingPublished):
 		return ExitNotFound
+	case errors.Is(err, fenced.ErrOutcomeUnknown):
+		return ExitUnknown
 	case errors.Is(err, fenced.ErrRefused), errors.Is(err, fenced.ErrLeaseLost):
 		return ExitRefused
+	case errors.Is(err, errors.ErrUnsupported):
+		return ExitUsage
 	default:
 		return ExitOperational
 	}

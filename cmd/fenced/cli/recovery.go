@@ -1,0 +1,126 @@
+package cli
+
+import (
+	"fmt"
+	"time"
+
+	"github.com/spf13/cobra"
+)
+
+func (a *app) resolveCmd() *cobra.Command {
+	return &cobra.Command{
+		Use:   "resolve OP_ID",
+		Short: "Say for certain whether a publication was accepted, by its operation id",
+		Long: `Print the final outcome of the publication with operation id OP_ID: "accepted" (with the
+resource, epoch and generation that published it) or "not_accepted". The answer is final:
+an id with no recorded outcome is recorded as aborted in the same step, so a late delivery of
+that publication is refused. Use it after publish exited 6 (outcome unknown).`,
+		Args: cobra.ExactArgs(1),
+		RunE: a.run(func(cmd *cobra.Command, args []string) error {
+			s, err := a.open(cmd)
+			if err != nil {
+				return err
+			}
+			defer s.Close()
+			r, err := s.Resolve(cmd.Context(), args[0])
+			if err != nil {
+				return err
+			}
+			out := map[string]any{"op_id": r.OpID, "outcome": "not_accepted", "recorded_at": timeJSON(r.RecordedAt)}
+			if r.Accepted {
+				out["outcome"] = "accepted"
+				out["resource"], out["epoch"], out["generation"] = r.Resource, r.Token.Epoch, r.Token.Generation
+			}
+			return a.print(out)
+		}),
+	}
+}
+
+func (a *app) epochCmd() *cobra.Command {
+	epoch := &cobra.Command{
+		Use:   "epoch",
+		Short: "Recovery epochs: run \"fenced epoch bump\" after a restore or a failover",
+		Args:  cobra.NoArgs,
+	}
+	epoch.AddCommand(&cobra.Command{
+		Use:   "bump",
+		Short: "Advance the recovery epoch: every lease issued before is refused",
+		Long: `Durably advance the store's recovery epoch and free every lease. Run it after restoring
+the database from a copy, or after a failover that may have lost acknowledged commits, before
+any worker continues: every lease issued before it is refused, and every token issued after it
+compares greater than every earlier one (tokens are epoch, then generation). Stop the old
+workers first where you can; the bump makes their writes fail either way.`,
+		Args: cobra.NoArgs,
+		RunE: a.run(func(cmd *cobra.Command, _ []string) error {
+			s, err := a.open(cmd)
+			if err != nil {
+				return err
+			}
+			defer s.Close()
+			e, err := s.BumpEpoch(cmd.Context())
+			if err != nil {
+				return err
+			}
+			return a.print(map[string]any{"epoch": e})
+		}),
+	})
+	return epoch
+}
+
+func (a *app) grantCmd() *cobra.Command {
+	var role string
+	cmd := &cobra.Command{
+		Use:   "grant --role NAME",
+		Short: "Let a database role use the protocol and nothing else on fenced's tables",
+		Long: `Install the protocol as database routines and grant the existing role NAME the right to
+execute them and nothing else on fenced's tables (PostgreSQL: SECURITY DEFINER functions;
+MariaDB/MySQL: SQL SECURITY DEFINER procedures; SQL Server: procedures). Code connected as
+that role can then only write through the fence; a store connected as it works unchanged.
+Run it connected as the tables' owner. Not available for SQLite, etcd or Redis (exit 2).`,
+		Args: cobra.NoArgs,
+		RunE: a.run(func(cmd *cobra.Command, _ []string) error {
+			s, err := a.open(cmd)
+			if err != nil {
+				return err
+			}
+			defer s.Close()
+			if err := s.Grant(cmd.Context(), role); err != nil {
+				return err
+			}
+			return a.print(map[string]any{"granted": role})
+		}),
+	}
+	cmd.Flags().StringVar(&role, "role", "", "the database role to grant (required)")
+	_ = cmd.MarkFlagRequired("role")
+	return cmd
+}
+
+func (a *app) pruneCmd() *cobra.Command {
+	var olderThan time.Duration
+	cmd := &cobra.Command{
+		Use:   "prune --older-than DURATION",
+		Short: "Delete operation records older than DURATION",
+		Long: `Delete the recorded outcomes of publications older than DURATION on the database's clock.
+Keep them longer than any request can stay in flight: once an aborted id is pruned, resolve
+can no longer vouch for it.`,
+		Args: cobra.NoArgs,
+		RunE: a.run(func(cmd *cobra.Command, _ []string) error {
+			if olderThan <= 0 {
+				return usagef("invalid --older-than %s: it must be positive", olderThan)
+			}
+			s, err := a.open(cmd)
+			if err != nil {
+				return err
+			}
+			defer s.Close()
+			n, err := s.PruneOperations(cmd.Context(), olderThan)
+			if err != nil {
+				return fmt.Errorf("prune: %w", err)
+			}
+			return a.print(map[string]any{"pruned": n})
+		}),
+	}
+	cmd.Flags().DurationVar(&olderThan, "older-than", 0, "age of the records to delete, e.g. 168h (required)")
+	_ = cmd.MarkFlagRequired("older-than")
+	return cmd
+}

@@ -1,0 +1,124 @@
+package cli_test
+
+import (
+	"crypto/rand"
+	"net/url"
+	"strings"
+	"testing"
+
+	"github.com/fenced-dev/fenced/driver/drivertest"
+)
+
+type resolveOut struct {
+	OpID       string  `json:"op_id"`
+	Outcome    string  `json:"outcome"`
+	Resource   string  `json:"resource"`
+	Epoch      int64   `json:"epoch"`
+	Generation int64   `json:"generation"`
+	RecordedAt *string `json:"recorded_at"`
+}
+
+func TestOperationIDsAndResolve(t *testing.T) {
+	forEachTarget(t, func(tg target) {
+		t := tg.t
+		tg.ok(nil, "provision", "r")
+		l := tg.acquire("r", "1m")
+		out := string(tg.ok([]byte("v1"), leaseArgs("publish", "r", l, "--op-id", "job-1")...))
+		if !strings.Contains(out, `"op_id":"job-1"`) {
+			t.Fatalf("publish output %s does not name the operation", out)
+		}
+		r := decode[resolveOut](t, tg.ok(nil, "resolve", "job-1"))
+		if r.Outcome != "accepted" || r.Resource != "r" || r.Generation != l.Generation || r.Epoch != 1 {
+			t.Fatalf("resolve job-1: %+v", r)
+		}
+		r = decode[resolveOut](t, tg.ok(nil, "resolve", "never-sent"))
+		if r.Outcome != "not_accepted" || r.Resource != "" {
+			t.Fatalf("resolve never-sent: %+v", r)
+		}
+		tg.ok(nil, leaseArgs("release", "r", l)...)
+		l2 := tg.acquire("r", "1m")
+		tg.fails(5, []byte("late"), leaseArgs("publish", "r", l2, "--op-id", "never-sent")...)
+		tg.fails(2, []byte("x"), leaseArgs("publish", "r", l2, "--op-id", "has space")...)
+		tg.fails(2, nil, "resolve")
+		tg.ok([]byte("v2"), leaseArgs("publish", "r", l2)...) // a fresh id is generated
+	})
+}
+
+func TestSourceVersion(t *testing.T) {
+	tg := runTarget(t)
+	l := tg.acquire("job", "1m")
+	tg.ok([]byte("v5"), leaseArgs("publish", "job", l, "--source-version", "5", "--release")...)
+	l = tg.acquire("job", "1m")
+	if msg := tg.fails(5, []byte("v3"), leaseArgs("publish", "job", l, "--source-version", "3")...); !strings.Contains(msg, "source version") {
+		t.Fatalf("stale source refusal says %q", msg)
+	}
+	if st := tg.show("job"); st.SourceVersion != 5 || st.PublishedGeneration != 1 {
+		t.Fatalf("after a stale source: %+v", st)
+	}
+	tg.fails(2, []byte("x"), leaseArgs("publish", "job", l, "--source-version", "x")...)
+}
+
+func TestEpochBump(t *testing.T) {
+	tg := runTarget(t)
+	old := tg.acquire("job", "1m")
+	if old.Epoch != 1 {
+		t.Fatalf("first epoch %d", old.Epoch)
+	}
+	if out := string(tg.ok(nil, "epoch", "bump")); out != "{\"epoch\":2}\n" {
+		t.Fatalf("epoch bump printed %q", out)
+	}
+	tg.fails(5, []byte("old"), leaseArgs("publish", "job", old)...)
+	l := tg.acquire("job", "1m")
+	if l.Epoch != 2 || l.Generation != old.Generation+1 {
+		t.Fatalf("after the bump: %+v", l)
+	}
+	tg.fails(5, []byte("wrong epoch"), leaseArgs("publish", "job", l)...) // --epoch defaults to 1
+	tg.ok([]byte("new"), leaseArgs("publish", "job", l, "--epoch", "2")...)
+	if st := tg.show("job"); st.Epoch != 2 || st.CurrentEpoch != 2 || st.PublishedEpoch != 2 {
+		t.Fatalf("show after the bump: %+v", st)
+	}
+	tg.fails(2, nil, leaseArgs("release", "job", l, "--epoch", "0")...)
+}
+
+func TestGrantAndPrune(t *testing.T) {
+	tg := runTarget(t)
+	if msg := tg.fails(2, nil, "grant", "--role", "app"); !strings.Contains(msg, "no roles") {
+		t.Fatalf("grant on SQLite: %q", msg)
+	}
+	tg.fails(2, nil, "grant")
+	if out := string(tg.ok(nil, "prune", "--older-than", "1h")); out != "{\"pruned\":0}\n" {
+		t.Fatalf("prune printed %q", out)
+	}
+	tg.fails(2, nil, "prune", "--older-than", "0s")
+}
+
+// TestUnknownOutcome loses the reply to a publication after PostgreSQL committed it: the
+// command exits 6 and names the operation, and resolve then says it was accepted.
+func TestUnknownOutcome(t *testing.T) {
+	t.Parallel()
+	direct := target{t: t, url: postgresSchema(t), dir: t.TempDir()}
+	u, err := url.Parse(direct.url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	proxy := drivertest.StartProxy(t, u.Host)
+	u.Host = proxy.Addr()
+	proxied := target{t: t, url: u.String(), dir: direct.dir}
+
+	direct.ok(nil, "provision", "r")
+	l := direct.acquire("r", "1m")
+	opID := "lost-" + rand.Text()
+	proxy.LoseReplyTo([]byte(opID))
+	r := proxied.run([]byte("committed"), leaseArgs("publish", "r", l, "--op-id", opID)...)
+	if r.code != 6 || !strings.Contains(r.stderr, opID) || len(r.stdout) != 0 {
+		t.Fatalf("publish with its reply lost: exit %d, stdout %q, stderr %q", r.code, r.stdout, r.stderr)
+	}
+	checkSentence(t, r.stderr)
+	res := decode[resolveOut](t, direct.ok(nil, "resolve", opID))
+	if res.Outcome != "accepted" || res.Generation != l.Generation {
+		t.Fatalf("resolve after the lost reply: %+v", res)
+	}
+	if got := direct.ok(nil, "get", "r"); string(got) != "committed" {
+		t.Fatalf("published %q", got)
+	}
+}
