@@ -255,7 +255,7 @@ func (l *Lease) Release(ctx context.Context) error {
 // mutationError classifies a driver error from a mutation: certainly not applied, or unknown.
 func mutationError(op, resource string, err error, fill func(*OutcomeUnknownError)) error {
 	if errors.Is(err, driver.ErrIncarnationChanged) {
-		return fmt.Errorf("%s %q: %w", op, resource, ErrIncarnationChanged)
+		return fmt.Errorf("%s %q: %w (%w)", op, resource, ErrIncarnationChanged, err)
 	}
 	if errors.Is(err, driver.ErrNotApplied) {
 		return fmt.Errorf("%s %q: not applied: %w", op, resource, err)

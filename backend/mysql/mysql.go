@@ -414,10 +414,7 @@ func (d *Driver) CheckDurability(ctx context.Context) ([]string, error) {
 			return s.warnings(), nil
 		}
 	}
-	if errors.Is(classify(err), driver.ErrNotApplied) && serverError(err) == 0 {
-		return []string{fmt.Sprintf("the durability settings could not be read: %v", err)}, nil
-	}
-	return nil, err
+	return nil, fmt.Errorf("read durability settings: %w", err)
 }
 
 func (d *Driver) tableEngines(ctx context.Context, procs bool) (map[string]string, error) {

@@ -536,18 +536,14 @@ const sqlDurability = `SELECT current_setting('fsync'), current_setting('synchro
 // standby has written but not flushed) is accepted: losing it needs the primary and the
 // standby's operating system to fail together.
 //
-// When no connection can be made, the check itself is reported as a warning rather than an
-// error, so that a store can be created while the server is down (StrictDurability then
-// refuses, as it should when nothing could be checked).
+// When the settings cannot be read the error is returned; the store then only warns, unless
+// it is strict.
 func (d *Driver) CheckDurability(ctx context.Context) ([]string, error) {
 	var fsync, syncCommit, fpw, standbys, volatile string
 	err := d.do(ctx, func(c *pgxpool.Conn) error {
 		return c.QueryRow(ctx, sqlDurability, execMode).Scan(&fsync, &syncCommit, &fpw, &standbys, &volatile)
 	})
 	if err != nil {
-		if errors.Is(err, driver.ErrNotApplied) && !isServerError(err) {
-			return []string{fmt.Sprintf("PostgreSQL durability settings could not be read: %v", err)}, nil
-		}
 		return nil, fmt.Errorf("read durability settings: %w", err)
 	}
 	var out []string
