@@ -28,66 +28,78 @@ func BenchmarkProtocol(b *testing.B) {
 }
 
 // raw is the baseline: each operation's etcd requests written by hand, as application code
-// would, with the same key layout and transactions as the driver, and without the retries,
-// decoding checks and error wrapping.
+// would, with the same key layout and transactions as the driver (epoch compares, the
+// operation record), and without the retries, decoding checks, send tracking and error
+// wrapping.
 type raw struct {
 	cli    *clientv3.Client
 	prefix string
 }
 
-func (r raw) keys(resource string) keys { return (&Driver{prefix: r.prefix}).keys(resource) }
+func (r raw) d() *Driver { return &Driver{prefix: r.prefix} }
 
-func (r raw) Acquire(ctx context.Context, resource, owner string, ttl time.Duration) (int64, bool, error) {
-	k := r.keys(resource)
-	read, err := r.cli.Txn(ctx).Then(clientv3.OpGet(k.gen), clientv3.OpGet(k.owner)).Commit()
+func (r raw) Acquire(ctx context.Context, resource, owner string, ttl time.Duration) (driver.Grant, bool, error) {
+	d, k := r.d(), r.d().keys(resource)
+	read, err := r.cli.Txn(ctx).Then(clientv3.OpGet(k.gen), clientv3.OpGet(k.owner), clientv3.OpGet(d.epochKey())).Commit()
 	if err != nil {
-		return 0, false, err
+		return driver.Grant{}, false, err
 	}
-	gen, held := kv(read, 0), kv(read, 1) != nil
-	if held {
-		return 0, false, nil
-	}
-	g, err := decodeGen(gen.value)
+	gen, owner0, ek := kv(read, 0), kv(read, 1), kv(read, 2)
+	epoch, _ := decodeGen(ek.value)
+	rowEpoch, g, err := decodeToken(gen.value)
 	if err != nil {
-		return 0, false, err
+		return driver.Grant{}, false, err
+	}
+	if owner0 != nil && rowEpoch == epoch {
+		return driver.Grant{}, false, nil
+	}
+	free := clientv3.Compare(clientv3.CreateRevision(k.owner), "=", 0)
+	if owner0 != nil {
+		free = clientv3.Compare(clientv3.Value(k.gen), "<", encodeToken(epoch, 0))
 	}
 	sent := time.Now()
 	lease, err := r.cli.Grant(ctx, ttlSeconds(ttl))
 	if err != nil {
-		return 0, false, err
+		return driver.Grant{}, false, err
 	}
 	resp, err := r.cli.Txn(ctx).
 		If(clientv3.Compare(clientv3.ModRevision(k.gen), "=", gen.modRevision),
-			clientv3.Compare(clientv3.CreateRevision(k.owner), "=", 0)).
-		Then(clientv3.OpPut(k.gen, encodeGen(g+1)),
+			clientv3.Compare(clientv3.Value(d.epochKey()), "=", encodeGen(epoch)), free).
+		Then(clientv3.OpPut(k.gen, encodeToken(epoch, g+1)),
 			clientv3.OpPut(k.owner, owner, clientv3.WithLease(lease.ID)),
 			clientv3.OpPut(k.holder, owner),
 			clientv3.OpPut(k.until, encodeTime(sent.Add(time.Duration(lease.TTL)*time.Second)))).
 		Commit()
 	if err != nil || !resp.Succeeded {
 		_, _ = r.cli.Revoke(ctx, lease.ID)
-		return 0, false, err
+		return driver.Grant{}, false, err
 	}
-	return g + 1, true, nil
+	return driver.Grant{Epoch: epoch, Generation: g + 1}, true, nil
 }
 
-func (r raw) publish(ctx context.Context, resource, owner string, gen int64, p []byte, release bool) (bool, error) {
-	k := r.keys(resource)
-	then := []clientv3.Op{clientv3.OpPut(k.pub, encodePub(gen, time.Now(), len(p))), clientv3.OpPut(k.payload, string(p))}
+func (r raw) publish(ctx context.Context, l driver.LeaseRef, p driver.Publication, release bool) (bool, error) {
+	d, k := r.d(), r.d().keys(l.Resource)
+	now := time.Now()
+	then := []clientv3.Op{clientv3.OpPut(k.pub, encodePub(l.Generation, l.Epoch, now, len(p.Payload))),
+		clientv3.OpPut(k.payload, string(p.Payload)),
+		clientv3.OpPut(d.opKey(p.OpID), encodeOp(driver.Operation{Outcome: driver.OutcomeAccepted,
+			Resource: l.Resource, Epoch: l.Epoch, Generation: l.Generation, RecordedAt: now}))}
 	if release {
 		then = append(then, releaseOps(k)...)
 	}
 	resp, err := r.cli.Txn(ctx).
-		If(clientv3.Compare(clientv3.Value(k.gen), "=", encodeGen(gen)),
-			clientv3.Compare(clientv3.Value(k.owner), "=", owner),
-			clientv3.Compare(clientv3.Value(k.pub), "<", encodeGen(gen))).
+		If(clientv3.Compare(clientv3.Value(k.gen), "=", encodeToken(l.Epoch, l.Generation)),
+			clientv3.Compare(clientv3.Value(d.epochKey()), "=", encodeGen(l.Epoch)),
+			clientv3.Compare(clientv3.Value(k.owner), "=", l.Owner),
+			clientv3.Compare(clientv3.Value(k.pub), "<", encodeGen(l.Generation)),
+			clientv3.Compare(clientv3.CreateRevision(d.opKey(p.OpID)), "=", 0)).
 		Then(then...).
 		Commit()
 	if err != nil || !resp.Succeeded {
 		return false, err
 	}
 	if release {
-		r.revoke(ctx, resp, 2)
+		r.revoke(ctx, resp, 3)
 	}
 	return true, nil
 }
@@ -98,19 +110,20 @@ func (r raw) revoke(ctx context.Context, resp *clientv3.TxnResponse, i int) {
 	}
 }
 
-func (r raw) Publish(ctx context.Context, resource, owner string, gen int64, p []byte) (bool, error) {
-	return r.publish(ctx, resource, owner, gen, p, false)
+func (r raw) Publish(ctx context.Context, l driver.LeaseRef, p driver.Publication) (bool, error) {
+	return r.publish(ctx, l, p, false)
 }
 
-func (r raw) PublishAndRelease(ctx context.Context, resource, owner string, gen int64, p []byte) (bool, error) {
-	return r.publish(ctx, resource, owner, gen, p, true)
+func (r raw) PublishAndRelease(ctx context.Context, l driver.LeaseRef, p driver.Publication) (bool, error) {
+	return r.publish(ctx, l, p, true)
 }
 
-func (r raw) Release(ctx context.Context, resource, owner string, gen int64) (bool, error) {
-	k := r.keys(resource)
+func (r raw) Release(ctx context.Context, l driver.LeaseRef) (bool, error) {
+	d, k := r.d(), r.d().keys(l.Resource)
 	resp, err := r.cli.Txn(ctx).
-		If(clientv3.Compare(clientv3.Value(k.gen), "=", encodeGen(gen)),
-			clientv3.Compare(clientv3.Value(k.holder), "=", owner)).
+		If(clientv3.Compare(clientv3.Value(k.gen), "=", encodeToken(l.Epoch, l.Generation)),
+			clientv3.Compare(clientv3.Value(d.epochKey()), "=", encodeGen(l.Epoch)),
+			clientv3.Compare(clientv3.Value(k.holder), "=", l.Owner)).
 		Then(releaseOps(k)...).
 		Commit()
 	if err != nil || !resp.Succeeded {

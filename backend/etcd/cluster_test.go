@@ -16,6 +16,7 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.etcd.io/etcd/server/v3/embed"
 	"go.uber.org/zap"
+	"google.golang.org/grpc"
 )
 
 // testCluster is a three-member etcd cluster embedded in the test binary, on loopback ports
@@ -204,7 +205,14 @@ func etcdURL(endpoints []string, prefix string) string {
 
 func newClient(t testing.TB, endpoints []string) *clientv3.Client {
 	t.Helper()
-	cli, err := clientv3.New(clientv3.Config{Endpoints: endpoints, DialTimeout: 5 * time.Second, Logger: zap.NewNop()})
+	return newClientWith(t, endpoints)
+}
+
+// newClientWith is a client with the driver's dial options and more.
+func newClientWith(t testing.TB, endpoints []string, opts ...grpc.DialOption) *clientv3.Client {
+	t.Helper()
+	cli, err := clientv3.New(clientv3.Config{Endpoints: endpoints, DialTimeout: 5 * time.Second, Logger: zap.NewNop(),
+		DialOptions: append(DialOptions(), opts...)})
 	if err != nil {
 		t.Fatalf("new etcd client: %v", err)
 	}

@@ -19,13 +19,44 @@
 // Payloads travel in one Txn, so they are bounded by the cluster's --max-request-bytes (1.5 MiB
 // by default) and the client's MaxCallSendMsgSize (2 MiB by default). Options.MaxPayloadBytes
 // enforces a limit below that before sending; raise both together.
+//
+// # Epochs, operation ids and source versions
+//
+// The store's epoch is one key (<prefix>epoch), created at 1 by Migrate. The gen key holds the
+// token (epoch, generation), and every lease-carrying Txn compares both the token and the
+// epoch key with the lease's, so BumpEpoch, a compare-and-swap of that one key, fences every
+// earlier lease at once; Acquire treats a lease of an earlier epoch as free, and Read reports
+// it without an owner. A publication records its operation id under <prefix>ops/<id>/op in
+// the same Txn, which requires that key not to exist; ResolveOperation creates it as aborted
+// when absent. Operation records carry the recording client's clock (etcd has none), and
+// PruneOperations judges their age by the pruning client's clock. keys.go lists every key.
+//
+// # Unknown outcomes
+//
+// An error is reported as not applied (driver.ErrNotApplied) only when the Txn never left the
+// client or etcd rejected it as a whole; everything else (a broken connection, a timeout, a
+// leader change during the request) leaves the outcome unknown. Telling a request that never
+// left the client from a lost reply needs the gRPC stats handler in DialOptions, which Open
+// installs and a client passed to New should have; classify.go explains how, and why
+// clientv3 never resends a Txn whose reply was lost.
+//
+// # Durability and restores
+//
+// etcd fsyncs its write-ahead log before acknowledging, unless a member runs with
+// --unsafe-no-fsync, a server flag no client can see; the driver therefore does not implement
+// driver.DurabilityChecker. A member restored from a snapshot (etcdutl snapshot restore)
+// starts a new cluster whose history may end before acknowledged generations: bump the epoch
+// (fenced epoch bump) after a restore. The driver does not detect restores itself
+// (driver.ErrIncarnationChanged).
 package etcd
 
 import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"net/url"
+	"strconv"
 	"strings"
 	"time"
 
@@ -122,6 +153,7 @@ func Open(rawURL string) (*Driver, error) {
 		Endpoints:   endpoints,
 		DialTimeout: 5 * time.Second,
 		Logger:      zap.NewNop(), // failures reach the caller as errors
+		DialOptions: DialOptions(),
 	})
 	if err != nil {
 		return nil, fmt.Errorf("open etcd %s: %w", u.Host, err)
@@ -142,46 +174,83 @@ func (d *Driver) Close() error {
 	return nil
 }
 
-// Migrate does nothing: etcd has no schema.
-func (d *Driver) Migrate(context.Context) error { return nil }
+// schemaVersion is the key layout this driver reads and writes (keys.go). Version 2 added the
+// epoch, the token in the gen key, source versions and operation records; a store written by
+// version 1 (before epochs) is not converted.
+const schemaVersion = 2
 
-// Provision creates the generation and publication keys at generation 0 if the generation key
-// does not exist; the Txn never touches an existing resource.
-func (d *Driver) Provision(ctx context.Context, resource string) error {
-	k := d.keys(resource)
-	_, err := d.cli.Txn(ctx).
-		If(clientv3.Compare(clientv3.CreateRevision(k.gen), "=", 0)).
-		Then(clientv3.OpPut(k.gen, encodeGen(0)), clientv3.OpPut(k.pub, encodeGen(0))).
-		Commit()
-	if err != nil {
-		return fmt.Errorf("provision txn: %w", err)
+// Migrate creates the epoch key at 1 and records the layout version where they are absent,
+// each in a Txn that never changes an existing key, and refuses a store that a newer layout
+// wrote.
+func (d *Driver) Migrate(ctx context.Context) error {
+	if _, err := d.txn(ctx, "create epoch",
+		[]clientv3.Cmp{clientv3.Compare(clientv3.CreateRevision(d.epochKey()), "=", 0)},
+		[]clientv3.Op{clientv3.OpPut(d.epochKey(), encodeGen(1))}, nil); err != nil {
+		return err
+	}
+	resp, err := d.txn(ctx, "record schema version",
+		[]clientv3.Cmp{clientv3.Compare(clientv3.CreateRevision(d.schemaKey()), "=", 0)},
+		[]clientv3.Op{clientv3.OpPut(d.schemaKey(), strconv.Itoa(schemaVersion))},
+		[]clientv3.Op{clientv3.OpGet(d.schemaKey())})
+	if err != nil || resp.Succeeded {
+		return err
+	}
+	v, err := strconv.Atoi(string(kv(resp, 0).value))
+	if err != nil || v > schemaVersion {
+		return fmt.Errorf("check schema: %s holds %q; this driver knows version %d", d.schemaKey(), kv(resp, 0).value, schemaVersion)
 	}
 	return nil
 }
 
-// leaseSnapshot is the lease part of a resource as one Txn read it.
+// Provision creates the gen, pub and source keys at generation 0 if the gen key does not
+// exist; the Txn never touches an existing resource.
+func (d *Driver) Provision(ctx context.Context, resource string) error {
+	k := d.keys(resource)
+	_, err := d.txn(ctx, "provision",
+		[]clientv3.Cmp{clientv3.Compare(clientv3.CreateRevision(k.gen), "=", 0)},
+		[]clientv3.Op{clientv3.OpPut(k.gen, encodeToken(0, 0)), clientv3.OpPut(k.pub, encodeGen(0)),
+			clientv3.OpPut(k.source, encodeGen(0))}, nil)
+	return err
+}
+
+// leaseSnapshot is the lease part of a resource, and the store's epoch, as one Txn read them.
 type leaseSnapshot struct {
 	gen   *kvPair // nil: not provisioned
 	owner *kvPair // nil: no unexpired lease
 	until *kvPair
+	epoch *kvPair // the store's epoch; nil: not migrated
 }
 
-func readLeaseOps(k keys) []clientv3.Op {
-	return []clientv3.Op{clientv3.OpGet(k.gen), clientv3.OpGet(k.owner), clientv3.OpGet(k.until)}
+func (d *Driver) readLeaseOps(k keys) []clientv3.Op {
+	return []clientv3.Op{clientv3.OpGet(k.gen), clientv3.OpGet(k.owner), clientv3.OpGet(k.until),
+		clientv3.OpGet(d.epochKey())}
 }
 
 func leaseSnapshotAt(resp *clientv3.TxnResponse, first int) leaseSnapshot {
-	return leaseSnapshot{gen: kv(resp, first), owner: kv(resp, first+1), until: kv(resp, first+2)}
+	return leaseSnapshot{gen: kv(resp, first), owner: kv(resp, first+1), until: kv(resp, first+2),
+		epoch: kv(resp, first+3)}
 }
 
-// busy builds the refusal of an acquisition from a snapshot that shows the owner key.
-func (s leaseSnapshot) busy() error {
-	gen, err := decodeGen(s.gen.value)
-	if err != nil {
-		return err
+// decode returns the store's epoch and the row's token. A missing epoch key is an error: no
+// operation guesses an epoch.
+func (s leaseSnapshot) decode() (current, rowEpoch, gen int64, err error) {
+	if s.epoch == nil {
+		return 0, 0, 0, errNoEpoch
 	}
-	b := &driver.BusyError{Generation: gen}
+	if current, err = decodeGen(s.epoch.value); err != nil {
+		return 0, 0, 0, err
+	}
+	rowEpoch, gen, err = decodeToken(s.gen.value)
+	return current, rowEpoch, gen, err
+}
+
+var errNoEpoch = errors.New("the epoch key is missing; run Migrate")
+
+// busy builds the refusal of an acquisition from a snapshot that shows a current lease.
+func (s leaseSnapshot) busy(rowEpoch, gen int64) error {
+	b := &driver.BusyError{Epoch: rowEpoch, Generation: gen}
 	if s.until != nil {
+		var err error
 		if b.LeaseUntil, err = decodeTime(s.until.value); err != nil {
 			return err
 		}
@@ -189,87 +258,114 @@ func (s leaseSnapshot) busy() error {
 	return b
 }
 
-// Acquire reads the generation and owner keys (one linearizable read), grants an etcd lease
-// and then runs the deciding Txn:
+// Acquire reads the resource and the epoch (one linearizable read), grants an etcd lease and
+// then runs the deciding Txn, where E is the epoch read:
 //
 //	If   gen.ModRevision == the revision read  (nobody acquired in between)
-//	     owner.CreateRevision == 0              (no unexpired lease: etcd deleted the key
-//	                                             when the previous etcd lease ran out)
-//	Then gen = read+1, owner = id WITH the etcd lease, holder = id, until
-//	Else read gen, owner and until again
+//	     epoch == E                             (no bump in between)
+//	     owner.CreateRevision == 0              (no unexpired lease: etcd deleted the key when
+//	                                             the previous etcd lease ran out)
+//	  or gen < token(E, 0)                      (the lease, if any, is from an earlier epoch:
+//	                                             the bump that ended it freed it)
+//	Then gen = token(E, read+1), owner = id WITH the etcd lease, holder = id, until
+//	Else read the snapshot again
 //
-// Two acquisitions that read the same revision cannot both win: the first Txn changes the
-// generation key's mod revision, so the second one's If fails inside etcd. A lost race
-// answers busy from the Else branch's read of the owner key. An owner key seen in the first
-// read already answers busy: that linearizable read is a moment at which the lease was held.
+// etcd has no OR, so the snapshot picks which of the last two compares to send; the first two
+// pin the state it was picked from. Two acquisitions that read the same revision cannot both
+// win: the first Txn changes the gen key's mod revision, so the second one's If fails inside
+// etcd. A current owner key seen in the read already answers busy: that linearizable read is a
+// moment at which the lease was held.
 func (d *Driver) Acquire(ctx context.Context, resource, owner string, ttl time.Duration) (driver.Grant, error) {
 	k := d.keys(resource)
-	read, err := d.cli.Txn(ctx).Then(readLeaseOps(k)...).Commit()
+	// Until the deciding Txn is sent nothing of the resource has changed, so every error
+	// before it is "not applied".
+	read, err := d.txn(ctx, "read lease", nil, d.readLeaseOps(k), nil)
 	if err != nil {
-		return driver.Grant{}, fmt.Errorf("read lease: %w", err)
+		return driver.Grant{}, driver.NotApplied(err)
 	}
 	snap := leaseSnapshotAt(read, 0)
-	switch {
-	case snap.gen == nil:
+	if snap.gen == nil {
 		return driver.Grant{}, driver.ErrNotFound
-	case snap.owner != nil:
-		return driver.Grant{}, snap.busy()
+	}
+	epoch, rowEpoch, gen, err := snap.decode()
+	if err != nil {
+		return driver.Grant{}, driver.NotApplied(fmt.Errorf("acquire: %w", err))
+	}
+	if snap.owner != nil && rowEpoch == epoch {
+		return driver.Grant{}, snap.busy(rowEpoch, gen)
 	}
 
 	sent := time.Now()
 	lease, err := d.cli.Grant(ctx, ttlSeconds(ttl))
 	if err != nil {
-		return driver.Grant{}, fmt.Errorf("grant etcd lease: %w", err)
+		return driver.Grant{}, driver.NotApplied(fmt.Errorf("grant etcd lease: %w", err))
 	}
-	won := false
+	keep := false
 	defer func() {
-		// A refused or failed acquisition leaves nothing attached to the etcd lease; revoking
-		// it is cleanup. After a Txn whose reply was lost it also ends an acquisition that may
-		// have succeeded, which is safe: its caller was told it failed.
-		if !won {
+		// A refused acquisition, or one that certainly did not happen, leaves nothing attached
+		// to the etcd lease; revoking it is cleanup. After an unknown outcome the etcd lease is
+		// left alone: the acquisition may have happened, and it then holds the resource until
+		// the etcd lease runs out, like any holder that vanished.
+		if !keep {
 			d.revoke(ctx, lease.ID)
 		}
 	}()
 	until := sent.Add(time.Duration(lease.TTL) * time.Second)
 	for range acquireAttempts {
-		gen, err := decodeGen(snap.gen.value)
-		if err != nil {
-			return driver.Grant{}, err
+		free := clientv3.Compare(clientv3.CreateRevision(k.owner), "=", 0)
+		if snap.owner != nil {
+			free = clientv3.Compare(clientv3.Value(k.gen), "<", encodeToken(epoch, 0))
 		}
-		resp, err := d.cli.Txn(ctx).
-			If(clientv3.Compare(clientv3.ModRevision(k.gen), "=", snap.gen.modRevision),
-				clientv3.Compare(clientv3.CreateRevision(k.owner), "=", 0)).
-			Then(clientv3.OpPut(k.gen, encodeGen(gen+1)),
+		resp, err := d.txn(ctx, "acquire",
+			[]clientv3.Cmp{clientv3.Compare(clientv3.ModRevision(k.gen), "=", snap.gen.modRevision),
+				clientv3.Compare(clientv3.Value(d.epochKey()), "=", encodeGen(epoch)), free},
+			[]clientv3.Op{clientv3.OpPut(k.gen, encodeToken(epoch, gen+1)),
 				clientv3.OpPut(k.owner, owner, clientv3.WithLease(lease.ID)),
 				clientv3.OpPut(k.holder, owner),
-				clientv3.OpPut(k.until, encodeTime(until))).
-			Else(readLeaseOps(k)...).
-			Commit()
+				clientv3.OpPut(k.until, encodeTime(until))},
+			d.readLeaseOps(k))
 		if err != nil {
-			return driver.Grant{}, fmt.Errorf("acquire txn: %w", err)
+			keep = !errors.Is(err, driver.ErrNotApplied)
+			return driver.Grant{}, err
 		}
 		if resp.Succeeded {
-			won = true
-			return driver.Grant{Generation: gen + 1, LeaseUntil: until.UTC()}, nil
+			keep = true
+			return driver.Grant{Epoch: epoch, Generation: gen + 1, LeaseUntil: until.UTC()}, nil
 		}
 		snap = leaseSnapshotAt(resp, 0)
-		switch {
-		case snap.gen == nil:
+		if snap.gen == nil {
 			return driver.Grant{}, driver.ErrNotFound
-		case snap.owner != nil:
-			return driver.Grant{}, snap.busy()
 		}
-		// Another owner acquired and already released since our read: try again from the
-		// generation etcd just returned.
+		if epoch, rowEpoch, gen, err = snap.decode(); err != nil {
+			return driver.Grant{}, driver.NotApplied(fmt.Errorf("acquire: %w", err))
+		}
+		if snap.owner != nil && rowEpoch == epoch {
+			return driver.Grant{}, snap.busy(rowEpoch, gen)
+		}
+		// Another owner acquired and already released since our read, or the epoch moved:
+		// try again from what etcd just returned.
 	}
-	return driver.Grant{}, fmt.Errorf("acquire: lost %d races in a row to acquisitions that released at once", acquireAttempts)
+	return driver.Grant{}, driver.NotApplied(fmt.Errorf("acquire: lost %d races in a row to acquisitions that released at once", acquireAttempts))
+}
+
+// holds are the compares that a lease-carrying Txn shares: the gen key holds this lease's
+// token and the store's epoch is still the lease's, so a bump fences every earlier lease
+// without touching its keys. who is the owner key (unexpired) or the holder key (expired or
+// not).
+func (d *Driver) holds(k keys, l driver.LeaseRef, who string) []clientv3.Cmp {
+	return []clientv3.Cmp{
+		clientv3.Compare(clientv3.Value(k.gen), "=", encodeToken(l.Epoch, l.Generation)),
+		clientv3.Compare(clientv3.Value(d.epochKey()), "=", encodeGen(l.Epoch)),
+		clientv3.Compare(clientv3.Value(who), "=", l.Owner),
+	}
 }
 
 // Renew grants a new etcd lease with the new TTL and moves the owner key onto it, in a Txn
-// that requires the generation and the owner key to be this acquisition's:
+// that requires the token, the epoch and the owner key to be this acquisition's:
 //
-//	If   gen == g, owner == id     (the owner key exists only while the etcd lease is alive,
-//	                                so an expired lease is never revived)
+//	If   gen == token(e, g), epoch == e, owner == id   (the owner key exists only while the
+//	                                                   etcd lease is alive, so an expired
+//	                                                   lease is never revived)
 //	Then read owner (its old etcd lease), owner = id WITH the new etcd lease, until
 //
 // and then revokes the old etcd lease, which no key uses any more.
@@ -285,21 +381,21 @@ func (d *Driver) Renew(ctx context.Context, l driver.LeaseRef, ttl time.Duration
 	sent := time.Now()
 	lease, err := d.cli.Grant(ctx, ttlSeconds(ttl))
 	if err != nil {
-		return time.Time{}, false, fmt.Errorf("grant etcd lease: %w", err)
+		return time.Time{}, false, driver.NotApplied(fmt.Errorf("grant etcd lease: %w", err))
 	}
 	until := sent.Add(time.Duration(lease.TTL) * time.Second)
-	resp, err := d.cli.Txn(ctx).
-		If(clientv3.Compare(clientv3.Value(k.gen), "=", encodeGen(l.Generation)),
-			clientv3.Compare(clientv3.Value(k.owner), "=", l.Owner)).
-		Then(clientv3.OpGet(k.owner),
+	resp, err := d.txn(ctx, "renew", d.holds(k, l, k.owner),
+		[]clientv3.Op{clientv3.OpGet(k.owner),
 			clientv3.OpPut(k.owner, l.Owner, clientv3.WithLease(lease.ID)),
-			clientv3.OpPut(k.until, encodeTime(until))).
-		Commit()
+			clientv3.OpPut(k.until, encodeTime(until))}, nil)
 	if err != nil {
-		// The outcome is unknown: the owner key may already sit on the new etcd lease, so
-		// it is left alone (revoking it would end a lease its holder may still be using);
-		// whichever of the two etcd leases no key uses expires on its own.
-		return time.Time{}, false, fmt.Errorf("renew txn: %w", err)
+		// Unless the Txn certainly did not happen, the owner key may already sit on the new
+		// etcd lease, so it is left alone (revoking it would end a lease its holder may still
+		// be using); whichever of the two etcd leases no key uses expires on its own.
+		if errors.Is(err, driver.ErrNotApplied) {
+			d.revoke(ctx, lease.ID)
+		}
+		return time.Time{}, false, err
 	}
 	if !resp.Succeeded {
 		d.revoke(ctx, lease.ID)
@@ -311,32 +407,42 @@ func (d *Driver) Renew(ctx context.Context, l driver.LeaseRef, ttl time.Duration
 	return until.UTC(), true, nil
 }
 
-// publishTxn is the Txn of Publish and PublishAndRelease: etcd stores the payload only where
-// the generation is g, the owner key holds this owner (so its etcd lease has not expired) and
-// the published generation is below g (fixed-width values compared bytewise; see encodeGen).
-func (d *Driver) publishTxn(ctx context.Context, l driver.LeaseRef, payload []byte, release bool) (*clientv3.TxnResponse, error) {
-	if len(payload) > d.maxPayload {
-		return nil, fmt.Errorf("publish %d bytes: %w (%d bytes; etcd's default --max-request-bytes is 1.5 MiB)",
-			len(payload), ErrPayloadTooLarge, d.maxPayload)
+// publishTxn is the Txn of Publish and PublishAndRelease. etcd stores the payload and records
+// the operation id as accepted only where the lease holds (token, epoch, owner key present, so
+// its etcd lease has not expired), the published generation is below g (fixed-width values
+// compared bytewise; see encodeGen), the operation id has no record yet, and the source
+// version, when given, is not older than the published one. It returns the Txn's response
+// and the index of the owner Get of the release ops, when release is set.
+func (d *Driver) publishTxn(ctx context.Context, l driver.LeaseRef, pub driver.Publication, release bool) (*clientv3.TxnResponse, int, error) {
+	if len(pub.Payload) > d.maxPayload {
+		return nil, 0, driver.NotApplied(fmt.Errorf("publish %d bytes: %w (%d bytes; etcd's default --max-request-bytes is 1.5 MiB)",
+			len(pub.Payload), ErrPayloadTooLarge, d.maxPayload))
 	}
 	k := d.keys(l.Resource)
+	now := time.Now()
+	cmps := append(d.holds(k, l, k.owner),
+		clientv3.Compare(clientv3.Value(k.pub), "<", encodeGen(l.Generation)),
+		clientv3.Compare(clientv3.CreateRevision(d.opKey(pub.OpID)), "=", 0))
 	then := []clientv3.Op{
-		clientv3.OpPut(k.pub, encodePub(l.Generation, time.Now(), len(payload))),
-		clientv3.OpPut(k.payload, string(payload)),
+		clientv3.OpPut(k.pub, encodePub(l.Generation, l.Epoch, now, len(pub.Payload))),
+		clientv3.OpPut(k.payload, string(pub.Payload)),
+		clientv3.OpPut(d.opKey(pub.OpID), encodeOp(driver.Operation{Outcome: driver.OutcomeAccepted,
+			Resource: l.Resource, Epoch: l.Epoch, Generation: l.Generation, RecordedAt: now})),
 	}
+	if sv := pub.SourceVersion; sv > 0 {
+		// etcd compares with =, !=, < and > only: stored <= sv is stored < sv+1, and always
+		// true for the largest sv.
+		if sv < math.MaxInt64 {
+			cmps = append(cmps, clientv3.Compare(clientv3.Value(k.source), "<", encodeGen(sv+1)))
+		}
+		then = append(then, clientv3.OpPut(k.source, encodeGen(sv)))
+	}
+	ownerAt := len(then)
 	if release {
 		then = append(then, releaseOps(k)...)
 	}
-	resp, err := d.cli.Txn(ctx).
-		If(clientv3.Compare(clientv3.Value(k.gen), "=", encodeGen(l.Generation)),
-			clientv3.Compare(clientv3.Value(k.owner), "=", l.Owner),
-			clientv3.Compare(clientv3.Value(k.pub), "<", encodeGen(l.Generation))).
-		Then(then...).
-		Commit()
-	if err != nil {
-		return nil, fmt.Errorf("publish txn: %w", err)
-	}
-	return resp, nil
+	resp, err := d.txn(ctx, "publish", cmps, then, nil)
+	return resp, ownerAt, err
 }
 
 // releaseOps free the lease: the first reads the owner key for its etcd lease, to be revoked
@@ -347,8 +453,7 @@ func releaseOps(k keys) []clientv3.Op {
 }
 
 func (d *Driver) Publish(ctx context.Context, l driver.LeaseRef, pub driver.Publication) (bool, error) {
-	payload := pub.Payload // TODO(issue 4): epoch, operation id and source version
-	resp, err := d.publishTxn(ctx, l, payload, false)
+	resp, _, err := d.publishTxn(ctx, l, pub, false)
 	if err != nil {
 		return false, err
 	}
@@ -356,29 +461,23 @@ func (d *Driver) Publish(ctx context.Context, l driver.LeaseRef, pub driver.Publ
 }
 
 func (d *Driver) PublishAndRelease(ctx context.Context, l driver.LeaseRef, pub driver.Publication) (bool, error) {
-	payload := pub.Payload // TODO(issue 4): epoch, operation id and source version
-	resp, err := d.publishTxn(ctx, l, payload, true)
+	resp, ownerAt, err := d.publishTxn(ctx, l, pub, true)
 	if err != nil {
 		return false, err
 	}
 	if resp.Succeeded {
-		d.revokeReleased(ctx, resp, 2)
+		d.revokeReleased(ctx, resp, ownerAt)
 	}
 	return resp.Succeeded, nil
 }
 
-// Release frees the lease where the generation and the holder still match, expired or not,
-// like the SQL backends: If gen == g, holder == id Then delete owner, holder, until. The etcd
-// lease is revoked afterwards; no key uses it any more.
+// Release frees the lease where the token, the epoch and the holder still match, expired or
+// not, like the SQL backends. The etcd lease is revoked afterwards; no key uses it any more.
 func (d *Driver) Release(ctx context.Context, l driver.LeaseRef) (bool, error) {
 	k := d.keys(l.Resource)
-	resp, err := d.cli.Txn(ctx).
-		If(clientv3.Compare(clientv3.Value(k.gen), "=", encodeGen(l.Generation)),
-			clientv3.Compare(clientv3.Value(k.holder), "=", l.Owner)).
-		Then(releaseOps(k)...).
-		Commit()
+	resp, err := d.txn(ctx, "release", d.holds(k, l, k.holder), releaseOps(k), nil)
 	if err != nil {
-		return false, fmt.Errorf("release txn: %w", err)
+		return false, err
 	}
 	if resp.Succeeded {
 		d.revokeReleased(ctx, resp, 0)
@@ -406,18 +505,19 @@ func (d *Driver) revoke(ctx context.Context, id clientv3.LeaseID) {
 }
 
 // Read returns the resource as one Txn (one revision) saw it. Owner is the holder key, which
-// outlives expiry; the lease counts as held exactly while the owner key exists, as etcd
-// judges. etcd has no clock to read, so Now is the local clock, and where the informational
-// LeaseUntil disagrees with etcd's judgement (the key outlived the local estimate, or the etcd
-// lease was revoked early) Now is moved just past or just before LeaseUntil so that Held()
-// tells what etcd decided.
+// outlives expiry; the lease counts as held exactly while the owner key exists and its token
+// is from the current epoch, as the Txns judge. A lease from an earlier epoch is reported
+// without an owner, as after a release: the bump freed it, though its keys stay until its etcd
+// lease runs out. etcd has no clock to read, so Now is the local clock, and where the
+// informational LeaseUntil disagrees with etcd's judgement (the key outlived the local
+// estimate, or the etcd lease was revoked early) Now is moved just past or just before
+// LeaseUntil so that Held() tells what etcd decided.
 func (d *Driver) Read(ctx context.Context, resource string) (driver.State, error) {
 	k := d.keys(resource)
-	resp, err := d.cli.Txn(ctx).
-		Then(append(readLeaseOps(k), clientv3.OpGet(k.holder), clientv3.OpGet(k.pub))...).
-		Commit()
+	resp, err := d.txn(ctx, "read", nil,
+		append(d.readLeaseOps(k), clientv3.OpGet(k.holder), clientv3.OpGet(k.pub), clientv3.OpGet(k.source)), nil)
 	if err != nil {
-		return driver.State{}, fmt.Errorf("read txn: %w", err)
+		return driver.State{}, err
 	}
 	now := time.Now().UTC()
 	snap := leaseSnapshotAt(resp, 0)
@@ -425,13 +525,14 @@ func (d *Driver) Read(ctx context.Context, resource string) (driver.State, error
 		return driver.State{}, driver.ErrNotFound
 	}
 	st := driver.State{Resource: resource, Now: now}
-	if st.Generation, err = decodeGen(snap.gen.value); err != nil {
-		return driver.State{}, err
+	if st.CurrentEpoch, st.Epoch, st.Generation, err = snap.decode(); err != nil {
+		return driver.State{}, fmt.Errorf("read %s: %w", resource, err)
 	}
-	if holder := kv(resp, 3); holder != nil {
+	current := st.Epoch == st.CurrentEpoch
+	if holder := kv(resp, 4); holder != nil && current {
 		st.Owner = string(holder.value)
 	}
-	if snap.until != nil {
+	if snap.until != nil && current {
 		if st.LeaseUntil, err = decodeTime(snap.until.value); err != nil {
 			return driver.State{}, err
 		}
@@ -442,23 +543,27 @@ func (d *Driver) Read(ctx context.Context, resource string) (driver.State, error
 	case !held && st.LeaseUntil.After(now):
 		st.Now = st.LeaseUntil
 	}
-	if pub := kv(resp, 4); pub != nil {
+	if pub := kv(resp, 5); pub != nil {
 		p, err := decodePub(pub.value)
 		if err != nil {
 			return driver.State{}, err
 		}
-		st.PublishedGeneration, st.PublishedAt, st.PayloadSize = p.generation, p.at, p.size
+		st.PublishedGeneration, st.PublishedEpoch, st.PublishedAt, st.PayloadSize = p.generation, p.epoch, p.at, p.size
+	}
+	if sv := kv(resp, 6); sv != nil {
+		if st.SourceVersion, err = decodeGen(sv.value); err != nil {
+			return driver.State{}, err
+		}
 	}
 	return st, nil
 }
 
 func (d *Driver) ReadPayload(ctx context.Context, resource string) ([]byte, int64, error) {
 	k := d.keys(resource)
-	resp, err := d.cli.Txn(ctx).
-		Then(clientv3.OpGet(k.gen, clientv3.WithKeysOnly()), clientv3.OpGet(k.pub), clientv3.OpGet(k.payload)).
-		Commit()
+	resp, err := d.txn(ctx, "read payload", nil,
+		[]clientv3.Op{clientv3.OpGet(k.gen, clientv3.WithKeysOnly()), clientv3.OpGet(k.pub), clientv3.OpGet(k.payload)}, nil)
 	if err != nil {
-		return nil, 0, fmt.Errorf("read payload txn: %w", err)
+		return nil, 0, err
 	}
 	if kv(resp, 0) == nil {
 		return nil, 0, driver.ErrNotFound
@@ -483,20 +588,161 @@ func (d *Driver) ReadPayload(ctx context.Context, resource string) ([]byte, int6
 // payload as invalid input before anything is sent.
 func (d *Driver) MaxPayloadBytes() int { return d.maxPayload }
 
-// TODO(issue 4): the recovery features below are being implemented for this backend; until then
-// they fail loudly and the conformance suite's tests for them fail.
-var errIssue4Pending = errors.New("etcd backend: epochs, operation ids and source versions are not implemented yet")
-
-func (d *Driver) ResolveOperation(context.Context, string) (driver.Operation, error) {
-	return driver.Operation{}, errIssue4Pending
+// ResolveOperation records the id as aborted unless an outcome is recorded, and reads the
+// record, in one Txn:
+//
+//	If   op.CreateRevision == 0
+//	Then op = aborted, read op
+//	Else read op
+//
+// A publication carrying the id requires op.CreateRevision == 0 in its own Txn, so whichever
+// of the two etcd serializes first decides, and the answer is final.
+func (d *Driver) ResolveOperation(ctx context.Context, opID string) (driver.Operation, error) {
+	key := d.opKey(opID)
+	resp, err := d.txn(ctx, "resolve operation",
+		[]clientv3.Cmp{clientv3.Compare(clientv3.CreateRevision(key), "=", 0)},
+		[]clientv3.Op{clientv3.OpPut(key, encodeOp(driver.Operation{Outcome: driver.OutcomeAborted, RecordedAt: time.Now()})),
+			clientv3.OpGet(key)},
+		[]clientv3.Op{clientv3.OpGet(key)})
+	if err != nil {
+		return driver.Operation{OpID: opID}, err
+	}
+	i := 0
+	if resp.Succeeded {
+		i = 1
+	}
+	rec := kv(resp, i)
+	if rec == nil {
+		return driver.Operation{OpID: opID}, fmt.Errorf("resolve operation %s: the record is missing after the Txn", opID)
+	}
+	return decodeOp(opID, rec.value)
 }
 
-func (d *Driver) ReadOperation(context.Context, string) (driver.Operation, error) {
-	return driver.Operation{}, errIssue4Pending
+func (d *Driver) ReadOperation(ctx context.Context, opID string) (driver.Operation, error) {
+	resp, err := d.txn(ctx, "read operation", nil, []clientv3.Op{clientv3.OpGet(d.opKey(opID))}, nil)
+	if err != nil {
+		return driver.Operation{OpID: opID}, err
+	}
+	if rec := kv(resp, 0); rec != nil {
+		return decodeOp(opID, rec.value)
+	}
+	return driver.Operation{OpID: opID}, nil
 }
 
-func (d *Driver) BumpEpoch(context.Context) (int64, error) { return 0, errIssue4Pending }
+// bumpAttempts bounds the compare-and-swap retries of BumpEpoch against concurrent bumps.
+const bumpAttempts = 16
 
-func (d *Driver) PruneOperations(context.Context, time.Duration) (int64, error) {
-	return 0, errIssue4Pending
+// BumpEpoch increments the epoch key with a compare-and-swap on its mod revision, retried when
+// another bump got there first. That one key is all a bump changes: every lease-carrying Txn
+// compares the lease's epoch with it, Acquire treats a lease of an earlier epoch as free, and
+// Read reports it so. Deleting every owner key in the same Txn instead would be bounded by
+// etcd's --max-txn-ops (128 by default), which a store with more resources exceeds.
+func (d *Driver) BumpEpoch(ctx context.Context) (int64, error) {
+	for range bumpAttempts {
+		resp, err := d.txn(ctx, "read epoch", nil, []clientv3.Op{clientv3.OpGet(d.epochKey())}, nil)
+		if err != nil {
+			return 0, driver.NotApplied(err)
+		}
+		cur := kv(resp, 0)
+		if cur == nil {
+			return 0, driver.NotApplied(fmt.Errorf("bump epoch: %w", errNoEpoch))
+		}
+		epoch, err := decodeGen(cur.value)
+		if err != nil {
+			return 0, driver.NotApplied(fmt.Errorf("bump epoch: %w", err))
+		}
+		resp, err = d.txn(ctx, "bump epoch",
+			[]clientv3.Cmp{clientv3.Compare(clientv3.ModRevision(d.epochKey()), "=", cur.modRevision)},
+			[]clientv3.Op{clientv3.OpPut(d.epochKey(), encodeGen(epoch+1))}, nil)
+		if err != nil {
+			return 0, err
+		}
+		if resp.Succeeded {
+			return epoch + 1, nil
+		}
+	}
+	return 0, driver.NotApplied(fmt.Errorf("bump epoch: lost %d races in a row to other bumps", bumpAttempts))
+}
+
+// pruneBatch bounds the keys one prune Txn deletes, below etcd's default --max-txn-ops (128;
+// each key takes one compare and one delete).
+const pruneBatch = 64
+
+// PruneOperations deletes the operation records older than age. etcd has no clock, so the age
+// is judged by recorded_at, written from the recording client's clock, against this client's
+// clock: choose an age far above any clock difference between them (hours, not seconds).
+// Records are listed page by page and deleted in Txns that compare each key's mod revision
+// with the one listed, so a record pruned and then recreated in between (a Resolve writing
+// "aborted") is never deleted unseen. The prune as a whole is not one atomic step.
+func (d *Driver) PruneOperations(ctx context.Context, age time.Duration) (int64, error) {
+	cutoff := time.Now().Add(-age)
+	from, end := d.opsPrefix(), clientv3.GetPrefixRangeEnd(d.opsPrefix())
+	var deleted int64
+	for {
+		resp, err := d.cli.Get(ctx, from, clientv3.WithRange(end), clientv3.WithLimit(pruneBatch))
+		if err != nil {
+			return deleted, fmt.Errorf("list operations: %w", err)
+		}
+		var old []*kvPair
+		var keys []string
+		for _, kv := range resp.Kvs {
+			key := string(kv.Key)
+			if !strings.HasSuffix(key, opSuffix) {
+				continue // a key of a resource whose name starts with "ops/"
+			}
+			op, err := decodeOp(strings.TrimSuffix(strings.TrimPrefix(key, d.opsPrefix()), opSuffix), kv.Value)
+			if err != nil {
+				return deleted, err
+			}
+			if op.RecordedAt.Before(cutoff) {
+				old = append(old, &kvPair{modRevision: kv.ModRevision})
+				keys = append(keys, key)
+			}
+		}
+		n, err := d.deleteUnchanged(ctx, keys, old)
+		deleted += n
+		if err != nil {
+			return deleted, err
+		}
+		if !resp.More || len(resp.Kvs) == 0 {
+			return deleted, nil
+		}
+		from = string(resp.Kvs[len(resp.Kvs)-1].Key) + "\x00"
+	}
+}
+
+// deleteUnchanged deletes the keys whose mod revision is still the one listed: in one Txn
+// when none changed, else one Txn per key.
+func (d *Driver) deleteUnchanged(ctx context.Context, keys []string, listed []*kvPair) (int64, error) {
+	txn := func(keys []string, listed []*kvPair) (bool, error) {
+		var cmps []clientv3.Cmp
+		var ops []clientv3.Op
+		for i, k := range keys {
+			cmps = append(cmps, clientv3.Compare(clientv3.ModRevision(k), "=", listed[i].modRevision))
+			ops = append(ops, clientv3.OpDelete(k))
+		}
+		resp, err := d.txn(ctx, "prune operations", cmps, ops, nil)
+		return err == nil && resp.Succeeded, err
+	}
+	if len(keys) == 0 {
+		return 0, nil
+	}
+	ok, err := txn(keys, listed)
+	if err != nil || ok {
+		if ok {
+			return int64(len(keys)), nil
+		}
+		return 0, err
+	}
+	var n int64
+	for i := range keys {
+		ok, err := txn(keys[i:i+1], listed[i:i+1])
+		if err != nil {
+			return n, err
+		}
+		if ok {
+			n++
+		}
+	}
+	return n, nil
 }

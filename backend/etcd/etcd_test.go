@@ -11,6 +11,7 @@ import (
 	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.uber.org/goleak"
+	"google.golang.org/grpc"
 
 	"github.com/fenced-dev/fenced/driver"
 	"github.com/fenced-dev/fenced/driver/drivertest"
@@ -62,7 +63,25 @@ func newTarget(t *testing.T) drivertest.Target {
 		Expire: func(ctx context.Context, resource string) error {
 			return expire(ctx, admin, resource)
 		},
+		// A real connection to one member through a proxy that loses the reply of the next
+		// conditional Txn after etcd committed it (txnProxy explains why not drivertest.Proxy).
+		LostReply: func(t *testing.T) (driver.Driver, func()) {
+			p := startTxnProxy(t, cluster.endpoints()[0])
+			return New(newClientWith(t, []string{p.addr()}), &Options{Prefix: prefix}), p.arm
+		},
+		// clientv3 makes every call wait for a connection until its context ends
+		// (WaitForReady), and the suite's contexts last a minute; this client's calls fail as
+		// soon as the dial fails instead. (Not a shorter per-call deadline: clientv3's retry
+		// interceptor resends a call whose own context ended while the caller's is alive.)
+		Unreachable: func(t *testing.T) driver.Driver {
+			return New(newClientWith(t, []string{drivertest.ClosedAddr(t)}, grpc.WithChainUnaryInterceptor(failFast)), &Options{Prefix: prefix})
+		},
 	}
+}
+
+// failFast makes a call fail at once when no connection is ready.
+func failFast(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
+	return invoker(ctx, method, req, reply, cc, append(opts, grpc.WaitForReady(false))...)
 }
 
 func openDriver(t testing.TB, endpoints []string, prefix string) *Driver {

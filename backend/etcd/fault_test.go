@@ -275,7 +275,7 @@ func TestLateKeepAliveRevivesNothing(t *testing.T) {
 	if st, _ := b.Show(ctx, "r"); st.Owner != leaseB.Owner() || !st.Held() || ownerLease("r") == oldA {
 		t.Fatalf("keepalive on A's old etcd lease disturbed B: %+v", st)
 	}
-	revived, err := a.LeaseFor("r", leaseA.Owner(), leaseA.Generation())
+	revived, err := a.LeaseFor("r", leaseA.Owner(), leaseA.Token())
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -7,13 +7,17 @@ import (
 	"time"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
+
+	"github.com/fenced-dev/fenced/driver"
 )
 
 // Key layout. Each resource is a handful of keys under <prefix><resource>/; the suffix after the
 // last "/" names the field, so a resource name that itself contains "/" cannot collide with
 // another resource's keys.
 //
-//	gen     the generation, fixed-width decimal (genWidth digits). Exists iff provisioned.
+//	gen     the token of the current generation: the epoch it was acquired in and the
+//	        generation, each fixed-width decimal (genWidth digits), so that one bytewise
+//	        Compare pins both. Exists iff provisioned; epoch 0 before the first acquisition.
 //	owner   the current owner's id, put WITH the acquisition's etcd lease: it exists exactly
 //	        while the lease is held and unexpired, and etcd deletes it when the lease's TTL runs
 //	        out. etcd, not this process, decides expiry.
@@ -22,11 +26,20 @@ import (
 //	        expired, unsuperseded lease can still release it. Deleted on release.
 //	until   the expiry shown to people (local clock at grant + granted TTL, unix nanoseconds).
 //	        Informational only: nothing compares it.
-//	pub     "<published generation> <published_at unix ns> <payload size>", the generation in
-//	        the same fixed width as gen.
+//	pub     "<published generation> <published epoch> <published_at unix ns> <payload size>",
+//	        the generation in the same fixed width as gen's fields.
+//	source  the published payload's source version, fixed width (0: none given). Created by
+//	        Provision, because etcd fails every Value compare on a missing key.
 //	payload the published payload, raw bytes.
+//
+// Keys of the whole store, which cannot be a resource's (no field is named "epoch", "schema"
+// or "op"):
+//
+//	<prefix>epoch          the store's epoch, fixed width; Migrate creates it at 1
+//	<prefix>schema         the layout version
+//	<prefix>ops/<id>/op    one operation id's outcome (see encodeOp); never overwritten
 type keys struct {
-	gen, owner, holder, until, pub, payload string
+	gen, owner, holder, until, pub, source, payload string
 }
 
 func (d *Driver) keys(resource string) keys {
@@ -37,9 +50,20 @@ func (d *Driver) keys(resource string) keys {
 		holder:  base + "holder",
 		until:   base + "until",
 		pub:     base + "pub",
+		source:  base + "source",
 		payload: base + "payload",
 	}
 }
+
+func (d *Driver) epochKey() string  { return d.prefix + "epoch" }
+func (d *Driver) schemaKey() string { return d.prefix + "schema" }
+func (d *Driver) opsPrefix() string { return d.prefix + "ops/" }
+
+// opSuffix ends every operation key, so that a resource whose name starts with "ops/" (whose
+// keys end with a field name) is never taken for an operation.
+const opSuffix = "/op"
+
+func (d *Driver) opKey(id string) string { return d.opsPrefix() + id + opSuffix }
 
 // genWidth digits hold every positive int64 (at most 19 digits).
 const genWidth = 20
@@ -52,6 +76,22 @@ const genWidth = 20
 // compares greater, so a pub at generation g is not "< g").
 func encodeGen(g int64) string { return fmt.Sprintf("%0*d", genWidth, g) }
 
+// encodeToken is the gen key's value: epoch then generation, both fixed width. Bytewise order
+// is (epoch, generation) order, so "acquired in an epoch before e" is
+// Compare(Value(gen), "<", encodeToken(e, 0)).
+func encodeToken(epoch, g int64) string { return encodeGen(epoch) + encodeGen(g) }
+
+func decodeToken(b []byte) (epoch, g int64, err error) {
+	if len(b) != 2*genWidth {
+		return 0, 0, fmt.Errorf("decode token %q: not two %d-digit numbers", b, genWidth)
+	}
+	if epoch, err = decodeGen(b[:genWidth]); err != nil {
+		return 0, 0, err
+	}
+	g, err = decodeGen(b[genWidth:])
+	return epoch, g, err
+}
+
 func decodeGen(b []byte) (int64, error) {
 	g, err := strconv.ParseInt(string(b), 10, 64)
 	if err != nil || len(b) != genWidth || g < 0 {
@@ -63,20 +103,21 @@ func decodeGen(b []byte) (int64, error) {
 // publication is the decoded pub key.
 type publication struct {
 	generation int64
+	epoch      int64
 	at         time.Time
 	size       int64
 }
 
-func encodePub(g int64, at time.Time, size int) string {
-	return fmt.Sprintf("%s %d %d", encodeGen(g), at.UnixNano(), size)
+func encodePub(g, epoch int64, at time.Time, size int) string {
+	return fmt.Sprintf("%s %d %d %d", encodeGen(g), epoch, at.UnixNano(), size)
 }
 
 func decodePub(b []byte) (publication, error) {
 	fields := strings.Fields(string(b))
 	var p publication
 	var err error
-	if len(fields) != 1 && len(fields) != 3 {
-		return p, fmt.Errorf("decode publication %q: want 1 or 3 fields", b)
+	if len(fields) != 1 && len(fields) != 4 {
+		return p, fmt.Errorf("decode publication %q: want 1 or 4 fields", b)
 	}
 	if p.generation, err = decodeGen([]byte(fields[0])); err != nil {
 		return p, fmt.Errorf("decode publication: %w", err)
@@ -84,13 +125,51 @@ func decodePub(b []byte) (publication, error) {
 	if len(fields) == 1 { // provisioned, never published
 		return p, nil
 	}
-	at, err1 := strconv.ParseInt(fields[1], 10, 64)
-	size, err2 := strconv.ParseInt(fields[2], 10, 64)
-	if err1 != nil || err2 != nil {
-		return p, fmt.Errorf("decode publication %q: bad time or size", b)
+	epoch, err1 := strconv.ParseInt(fields[1], 10, 64)
+	at, err2 := strconv.ParseInt(fields[2], 10, 64)
+	size, err3 := strconv.ParseInt(fields[3], 10, 64)
+	if err1 != nil || err2 != nil || err3 != nil {
+		return p, fmt.Errorf("decode publication %q: bad epoch, time or size", b)
 	}
-	p.at, p.size = time.Unix(0, at).UTC(), size
+	p.epoch, p.at, p.size = epoch, time.Unix(0, at).UTC(), size
 	return p, nil
+}
+
+// encodeOp is an operation key's value: "aborted <recorded_at unix ns>" or "accepted
+// <recorded_at> <epoch> <generation> <resource>", the resource last because it may contain
+// spaces. recorded_at is the recording client's clock: etcd has none.
+func encodeOp(op driver.Operation) string {
+	if op.Outcome != driver.OutcomeAccepted {
+		return fmt.Sprintf("%s %d", op.Outcome, op.RecordedAt.UnixNano())
+	}
+	return fmt.Sprintf("%s %d %d %d %s", op.Outcome, op.RecordedAt.UnixNano(), op.Epoch, op.Generation, op.Resource)
+}
+
+func decodeOp(id string, b []byte) (driver.Operation, error) {
+	op := driver.Operation{OpID: id}
+	fields := strings.SplitN(string(b), " ", 5)
+	bad := fmt.Errorf("decode operation %s: %q", id, b)
+	if len(fields) < 2 {
+		return op, bad
+	}
+	at, err := strconv.ParseInt(fields[1], 10, 64)
+	if err != nil {
+		return op, bad
+	}
+	op.Outcome, op.RecordedAt = fields[0], time.Unix(0, at).UTC()
+	switch {
+	case op.Outcome == driver.OutcomeAborted && len(fields) == 2:
+		return op, nil
+	case op.Outcome != driver.OutcomeAccepted || len(fields) != 5:
+		return driver.Operation{OpID: id}, bad
+	}
+	epoch, err1 := strconv.ParseInt(fields[2], 10, 64)
+	g, err2 := strconv.ParseInt(fields[3], 10, 64)
+	if err1 != nil || err2 != nil {
+		return driver.Operation{OpID: id}, bad
+	}
+	op.Epoch, op.Generation, op.Resource = epoch, g, fields[4]
+	return op, nil
 }
 
 func decodeTime(b []byte) (time.Time, error) {

@@ -20,11 +20,11 @@ func TestEncodedGenerationsOrderLikeNumbers(t *testing.T) {
 				t.Fatalf("encodeGen(%d) >= encodeGen(%d)", a, b)
 			}
 			// A publication at a is below generation b; at b it is not below b.
-			pubA := encodePub(a, time.Now(), 3)
+			pubA := encodePub(a, 7, time.Now(), 3)
 			if pubA >= encodeGen(b) {
 				t.Fatalf("pub at %d not < gen %d", a, b)
 			}
-			if encodePub(b, time.Now(), 3) < encodeGen(b) || encodeGen(b) < encodeGen(b) {
+			if encodePub(b, 7, time.Now(), 3) < encodeGen(b) || encodeGen(b) < encodeGen(b) {
 				t.Fatalf("pub at %d < gen %d", b, b)
 			}
 		}
@@ -41,14 +41,14 @@ func TestEncodedGenerationsOrderLikeNumbers(t *testing.T) {
 
 func TestPublicationRoundTrip(t *testing.T) {
 	at := time.Date(2026, 1, 2, 3, 4, 5, 6, time.UTC)
-	p, err := decodePub([]byte(encodePub(42, at, 1000)))
-	if err != nil || p.generation != 42 || !p.at.Equal(at) || p.size != 1000 {
+	p, err := decodePub([]byte(encodePub(42, 3, at, 1000)))
+	if err != nil || p.generation != 42 || p.epoch != 3 || !p.at.Equal(at) || p.size != 1000 {
 		t.Fatalf("round trip: %+v, %v", p, err)
 	}
 	if p, err := decodePub([]byte(encodeGen(0))); err != nil || p.generation != 0 || !p.at.IsZero() {
 		t.Fatalf("provisioned: %+v, %v", p, err)
 	}
-	for _, bad := range []string{"", "x y", encodeGen(1) + " x 1", encodeGen(1) + " 1"} {
+	for _, bad := range []string{"", "x y", encodeGen(1) + " 1 x 1", encodeGen(1) + " 1 1", encodeGen(1) + " 1 2 3 4"} {
 		if _, err := decodePub([]byte(bad)); err == nil {
 			t.Errorf("decodePub(%q) succeeded", bad)
 		}
@@ -115,8 +115,8 @@ func TestPayloadOverDriverLimit(t *testing.T) {
 	if s.MaxPayloadBytes() != 1000 {
 		t.Fatalf("the store's limit is %d, want the driver's 1000", s.MaxPayloadBytes())
 	}
-	ref := driver.LeaseRef{Resource: "r", Owner: l.Owner(), Generation: l.Generation()}
-	if _, err := d.Publish(ctx, ref, make([]byte, 1001)); !errors.Is(err, ErrPayloadTooLarge) {
+	ref := driver.LeaseRef{Resource: "r", Owner: l.Owner(), Epoch: l.Epoch(), Generation: l.Generation()}
+	if _, err := d.Publish(ctx, ref, driver.Publication{Payload: make([]byte, 1001), OpID: "op"}); !errors.Is(err, ErrPayloadTooLarge) || !errors.Is(err, driver.ErrNotApplied) {
 		t.Fatalf("driver publish over the limit: %v, want ErrPayloadTooLarge", err)
 	}
 	st, err := s.Show(ctx, "r")
@@ -133,6 +133,9 @@ func TestPayloadOverDriverLimit(t *testing.T) {
 func TestPayloadOverClusterLimitIsAnError(t *testing.T) {
 	ctx := testCtx(t)
 	d := New(newClient(t, cluster.endpoints()), &Options{Prefix: newPrefix(), MaxPayloadBytes: 8 << 20})
+	if err := d.Migrate(ctx); err != nil {
+		t.Fatal(err)
+	}
 	if err := d.Provision(ctx, "r"); err != nil {
 		t.Fatal(err)
 	}
@@ -140,8 +143,13 @@ func TestPayloadOverClusterLimitIsAnError(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	ok, err := d.Publish(ctx, driver.LeaseRef{Resource: "r", Owner: "o", Generation: g.Generation}, make([]byte, testMaxRequestBytes))
+	ok, err := d.Publish(ctx, driver.LeaseRef{Resource: "r", Owner: "o", Epoch: g.Epoch, Generation: g.Generation},
+		driver.Publication{Payload: make([]byte, testMaxRequestBytes), OpID: "op"})
 	if err == nil || ok {
 		t.Fatalf("publish past the cluster's request limit: ok=%v err=%v, want an error", ok, err)
+	}
+	// Rejected before it was applied (by the client's send limit or etcd's request limit).
+	if !errors.Is(err, driver.ErrNotApplied) {
+		t.Fatalf("publish past the request limit: %v, want not applied", err)
 	}
 }

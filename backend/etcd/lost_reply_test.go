@@ -35,7 +35,7 @@ func lossyStore(t *testing.T, prefix string) (*fenced.Store, *replyDropper) {
 	r := &replyDropper{}
 	cli, err := clientv3.New(clientv3.Config{
 		Endpoints: cluster.endpoints(), DialTimeout: 5 * time.Second, Logger: zap.NewNop(),
-		DialOptions: []grpc.DialOption{grpc.WithChainUnaryInterceptor(r.intercept)},
+		DialOptions: append(DialOptions(), grpc.WithChainUnaryInterceptor(r.intercept)),
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -52,7 +52,9 @@ func wantOperational(t *testing.T, err error) {
 	}
 }
 
-// TestLostReplies: for each operation, etcd commits the Txn and the reply is lost. The caller
+// TestLostReplies: for each operation, etcd commits the Txn and the reply is lost (here the
+// interceptor turns a received reply into an error; the suite's LostReply loses it on the
+// wire, through txnProxy). The caller
 // gets an operational error (never busy or refused); what etcd did stays consistent, and a
 // retry is answered from etcd's state, never applied twice.
 func TestLostReplies(t *testing.T) {
@@ -72,13 +74,19 @@ func TestLostReplies(t *testing.T) {
 		return st
 	}
 
-	// Acquire: generation 1 was issued, and the driver revoked its etcd lease, so the
-	// unknown acquisition blocks nobody; generation 1 is never issued again.
+	// Acquire: generation 1 was issued and stays held by its (unknown) owner until its etcd
+	// lease runs out, as a crashed holder's would; generation 1 is never issued again.
 	lose.armed.Store(true)
 	_, err := s.Acquire(ctx, "r", time.Minute)
 	wantOperational(t, err)
-	if st := show(); st.Generation != 1 || st.Held() {
+	if st := show(); st.Generation != 1 || !st.Held() {
 		t.Fatalf("after a lost acquisition reply: %+v", st)
+	}
+	if _, err := s.Acquire(ctx, "r", time.Minute); !errors.Is(err, fenced.ErrBusy) {
+		t.Fatalf("acquire while the unknown acquisition holds: %v", err)
+	}
+	if err := expire(ctx, New(newClient(t, cluster.endpoints()), &Options{Prefix: prefix}), "r"); err != nil {
+		t.Fatal(err)
 	}
 	l, err := s.Acquire(ctx, "r", time.Minute)
 	if err != nil || l.Generation() != 2 {
