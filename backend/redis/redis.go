@@ -153,12 +153,13 @@ var _ driver.DurabilityChecker = (*Driver)(nil)
 // CheckDurability returns a warning unless the server the client reaches runs with
 // appendonly yes and appendfsync always, the configuration under which an acknowledged
 // generation survives a crash. It needs the CONFIG command, which some hosted services refuse;
-// when the settings cannot be read that is itself the warning (the store would otherwise not
-// open against such a service, or while the server is down).
+// when the settings cannot be read it returns the error, and the store decides (fenced.Config
+// StrictDurability). On a replica set, check the primary and each replica that could be
+// promoted.
 func (d *Driver) CheckDurability(ctx context.Context) ([]string, error) {
 	cfg, err := d.client.ConfigGet(ctx, "append*").Result()
 	if err != nil {
-		return []string{fmt.Sprintf("the Redis durability settings could not be read (%v); check that appendonly is yes and appendfsync is always", err)}, nil
+		return nil, fmt.Errorf("read redis config: %w", err)
 	}
 	var out []string
 	if v := cfg["appendonly"]; v != "yes" {
