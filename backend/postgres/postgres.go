@@ -38,9 +38,11 @@
 // transaction back. Anything else after sending (a broken connection, a timeout, a FATAL
 // message) leaves the outcome unknown. Neither pgx nor pgxpool sends a statement again on its
 // own; the driver repeats a call only after the server reported a serialization failure or a
-// deadlock. Every call is sent as one Parse/Bind/Execute/Sync exchange
-// (pgx.QueryExecModeExec), without a separate prepare round trip whose lost reply would look
-// like a lost mutation.
+// deadlock. Calls are prepared once per connection and then executed by name
+// (pgx.QueryExecModeCacheStatement): the execution is one Bind/Execute/Sync exchange. A
+// connection lost while a call is being prepared is reported as unknown too, although the
+// preparation itself changes nothing: the driver cannot tell the two exchanges apart after the
+// fact, and unknown is the safe answer.
 //
 // # Incarnation
 //
@@ -80,8 +82,9 @@ var migrations embed.FS
 // deadlock is run again.
 const maxAttempts = 5
 
-// execMode sends each call in one round trip (see the package documentation).
-const execMode = pgx.QueryExecModeExec
+// execMode prepares each call once per connection and then executes it in one round trip
+// (see the package documentation).
+const execMode = pgx.QueryExecModeCacheStatement
 
 // Driver is the PostgreSQL backend. It is safe for concurrent use by multiple goroutines.
 type Driver struct {

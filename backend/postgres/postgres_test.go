@@ -117,8 +117,8 @@ func expireWith(admin *Driver) func(ctx context.Context, resource string) error 
 	}
 }
 
-// lossyDriver connects through a proxy whose next server reply can be lost after the server
-// has executed the call. pgxpool's ping of a connection idle for more than a second is turned
+// lossyDriver connects through a proxy whose reply to the next execution can be lost after
+// the server has executed the call. pgxpool's ping of a connection idle for more than a second is turned
 // off: it would otherwise be the exchange whose reply is lost.
 func lossyDriver(t *testing.T, rawURL string) (driver.Driver, func()) {
 	u, err := url.Parse(rawURL)
@@ -137,7 +137,10 @@ func lossyDriver(t *testing.T, rawURL string) (driver.Driver, func()) {
 		t.Fatal(err)
 	}
 	t.Cleanup(pool.Close)
-	return New(pool), proxy.LoseNextReply
+	// The reply lost is the execution's: pgx sends a cached statement's execution as
+	// Bind/Execute/Sync, and its first preparation (Parse/Describe/Sync) changes nothing.
+	execution := func(request []byte) bool { return len(request) > 0 && request[0] == 'B' }
+	return New(pool), func() { proxy.LoseReplyToRequest(execution) }
 }
 
 func unreachable(t *testing.T) driver.Driver {

@@ -25,7 +25,7 @@ type Proxy struct {
 
 	mu      sync.Mutex
 	armed   bool
-	marker  []byte        // when set, only a connection whose request carried it is armed
+	match   func([]byte) bool // when set, only a connection whose request matched is armed
 	marked  net.Conn      // the server connection whose next reply is lost
 	dropped chan struct{}
 	conns   map[net.Conn]struct{}
@@ -64,18 +64,26 @@ func (p *Proxy) LoseNextReply() {
 // operation id, say), the next bytes the server sends on that connection are discarded and the
 // connection is closed. Requests before it, on any connection, are answered normally.
 func (p *Proxy) LoseReplyTo(marker []byte) {
+	marker = append([]byte(nil), marker...)
+	p.LoseReplyToRequest(func(chunk []byte) bool { return bytes.Contains(chunk, marker) })
+}
+
+// LoseReplyToRequest is LoseReplyTo with a predicate over what the client writes: the reply to
+// the first request for which match is true is lost. A protocol-aware test uses it to skip
+// requests that change nothing (a statement's preparation, say).
+func (p *Proxy) LoseReplyToRequest(match func(request []byte) bool) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	p.armed, p.marker, p.marked = false, append([]byte(nil), marker...), nil
+	p.armed, p.match, p.marked = false, match, nil
 	p.dropped = make(chan struct{})
 }
 
-// sawRequest arms server's connection if chunk carries the marker.
+// sawRequest arms server's connection if chunk is the request to lose the reply to.
 func (p *Proxy) sawRequest(server net.Conn, chunk []byte) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	if p.marker != nil && bytes.Contains(chunk, p.marker) {
-		p.marker, p.marked = nil, server
+	if p.match != nil && p.match(chunk) {
+		p.match, p.marked = nil, server
 	}
 }
 
