@@ -4,7 +4,6 @@ import (
 	"bufio"
 	"context"
 	"crypto/rand"
-	"errors"
 	"fmt"
 	"os"
 	"os/exec"
@@ -60,8 +59,9 @@ Faults (--faults, comma-separated; default: every one that applies to the databa
   kill        kill -9 a worker in the middle of an operation; a new process (new identity)
               takes its place
   drop-reply  inside a worker, a reply is discarded after the database ran the statement
-  restart     restart the database server: PostgreSQL on this machine (pg_ctlcluster);
-              not applicable to SQLite, not implemented for the other backends
+  restart     restart the database server on this machine: PostgreSQL (pg_ctlcluster) or
+              MariaDB (SHUTDOWN, then mariadbd started again); not applicable to SQLite,
+              not implemented for the other backends
   clock       jump the database clock forward and back: SQLite only (an offset file read by
               every statement); PostgreSQL's clock_timestamp() cannot be offset
 
@@ -94,22 +94,20 @@ Exit code 7: violations found.`,
 	return cmd
 }
 
-// faultPlan says which faults apply to a database, and why the others do not.
-func faultPlan(scheme string, requested []string) (use []string, notApplicable map[string]string) {
+// faultPlan says which faults apply to a database, and why the others do not. restartErr is
+// why the database's server cannot be restarted from here (nil when it can).
+func faultPlan(scheme string, restartErr error, requested []string) (use []string, notApplicable map[string]string) {
 	why := map[string]string{}
+	if restartErr != nil {
+		why[torture.FaultRestart] = restartErr.Error()
+	}
 	switch scheme {
 	case "sqlite":
-		why[torture.FaultRestart] = "not applicable to SQLite: it is embedded in each process, there is no server to restart (kill -9 of a worker is its crash)"
 	case "postgres", "postgresql":
 		why[torture.FaultClock] = "not applicable to PostgreSQL: clock_timestamp() is the server's system clock and has no offset to inject"
-		if err := pgRestartable(); err != nil {
-			why[torture.FaultRestart] = err.Error()
-		}
-	case "redis", "rediss":
-		why[torture.FaultRestart] = "skipped for Redis"
-		why[torture.FaultClock] = "not implemented for Redis"
+	case "mysql", "mariadb":
+		why[torture.FaultClock] = "not applicable to MariaDB: UTC_TIMESTAMP(6) is the server's system clock and has no offset to inject"
 	default:
-		why[torture.FaultRestart] = "not implemented for " + scheme
 		why[torture.FaultClock] = "not implemented for " + scheme
 	}
 	notApplicable = map[string]string{}
@@ -121,37 +119,6 @@ func faultPlan(scheme string, requested []string) (use []string, notApplicable m
 		use = append(use, f)
 	}
 	return use, notApplicable
-}
-
-// pgVersion is the one cluster version under /etc/postgresql, for pg_ctlcluster.
-func pgVersion() (string, error) {
-	entries, err := os.ReadDir("/etc/postgresql")
-	if err != nil || len(entries) != 1 {
-		return "", errors.New("restart needs exactly one PostgreSQL cluster version under /etc/postgresql on this machine")
-	}
-	return entries[0].Name(), nil
-}
-
-func pgRestartable() error {
-	if _, err := exec.LookPath("pg_ctlcluster"); err != nil {
-		return errors.New("restart needs pg_ctlcluster (a PostgreSQL server on this machine)")
-	}
-	_, err := pgVersion()
-	return err
-}
-
-func restartPostgres(ctx context.Context) error {
-	v, err := pgVersion()
-	if err != nil {
-		return err
-	}
-	ctx, cancel := context.WithTimeout(ctx, 60*time.Second)
-	defer cancel()
-	out, err := exec.CommandContext(ctx, "pg_ctlcluster", "--skip-systemctl-redirect", v, "main", "restart").CombinedOutput()
-	if err != nil {
-		return fmt.Errorf("restart postgresql: %w: %s", err, strings.TrimSpace(string(out)))
-	}
-	return nil
 }
 
 // openTorture opens the database; a SQLite file gets the clock offset file, so that the clock
@@ -223,7 +190,8 @@ func (a *app) torture(cmd *cobra.Command, o tortureOptions) error {
 	if o.unfenced && scheme != "sqlite" && scheme != "postgres" && scheme != "postgresql" {
 		return usagef("--unfenced needs SQLite or PostgreSQL")
 	}
-	faults, notApplicable := faultPlan(scheme, requested)
+	restart, restartErr := serverRestart(scheme, url)
+	faults, notApplicable := faultPlan(scheme, restartErr, requested)
 
 	dir := o.report
 	if dir == "" {
@@ -296,7 +264,7 @@ func (a *app) torture(cmd *cobra.Command, o tortureOptions) error {
 	fmt.Fprintf(a.stdout, "histories in %s\n", hist)
 
 	t := &tortureRun{a: a, o: o, exe: exe, url: url, clockFile: clockFile, hist: hist, resources: resources,
-		faults: faults, procs: make([]*tortureProc, o.workers)}
+		faults: faults, procs: make([]*tortureProc, o.workers), restart: restart}
 	started := time.Now()
 	if err := t.execute(ctx, drv, plan); err != nil {
 		return err
@@ -333,6 +301,7 @@ func orNone(s string) string {
 
 // tortureRun is the parent's side of one run: the worker slots, the nemesis and the reader.
 type tortureRun struct {
+	restart   restartFunc // nil unless the restart fault applies
 	a         *app
 	o         tortureOptions
 	exe, url  string
@@ -601,8 +570,8 @@ func (t *tortureRun) inject(ctx context.Context, f torture.Fault) {
 		}
 	case torture.FaultRestart:
 		begin := torture.Now()
-		detail := "pg_ctlcluster restart"
-		if err := restartPostgres(ctx); err != nil {
+		detail := "server restarted"
+		if err := t.restart(ctx); err != nil {
 			detail = err.Error()
 		}
 		_ = t.nem.Write(torture.Record{Kind: torture.KindEvent, Event: torture.FaultRestart, Time: begin, EndTime: torture.Now(), Detail: detail})
