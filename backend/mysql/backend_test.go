@@ -262,8 +262,9 @@ func TestPublishWaitsOnRowLockWhileLeaseExpires(t *testing.T) {
 	errA := make(chan error, 1)
 	go func() { errA <- leaseA.Publish(context.Background(), []byte("late")) }()
 
-	// The server, not a sleep, says when A's statement is waiting on the lock.
-	tick := time.NewTicker(5 * time.Millisecond)
+	// The server, not a sleep, says when A's statement is waiting on the lock. MariaDB refreshes
+	// its INNODB_TRX cache only when it was not read for 100 ms, so poll more slowly than that.
+	tick := time.NewTicker(150 * time.Millisecond)
 	defer tick.Stop()
 	for waiting := false; !waiting; {
 		select {
