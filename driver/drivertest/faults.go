@@ -26,7 +26,7 @@ type Proxy struct {
 	mu      sync.Mutex
 	armed   bool
 	match   func([]byte) bool // when set, only a connection whose request matched is armed
-	marked  net.Conn      // the server connection whose next reply is lost
+	marked  net.Conn          // the server connection whose next reply is lost
 	dropped chan struct{}
 	conns   map[net.Conn]struct{}
 	closed  bool
