@@ -2,21 +2,23 @@
 //
 // # Statements and routines
 //
-// Every operation is one statement (sql.go), installed by Migrate as a PL/pgSQL function whose
-// body is that statement: fenced_acquire, fenced_publish, fenced_resolve and so on. The driver
-// always calls the functions, whoever it is connected as, and each call is one autocommit
-// round trip. The functions are SECURITY DEFINER, owned by the user that migrated, with the
-// search path fixed to the schema they were created in (and pg_temp last), and their EXECUTE
-// right is revoked from PUBLIC. Grant then takes every right on the tables away from PUBLIC
-// and from a role and gives that role only the functions: code connected as the role cannot
-// write the tables without the fence, and a store connected as the role works unchanged.
+// Every operation is one statement (sql.go), also installed by Migrate as a PL/pgSQL function
+// whose body is that statement: fenced_acquire, fenced_publish, fenced_resolve and so on. The
+// functions are SECURITY DEFINER, owned by the user that migrated, with the search path fixed
+// to the schema they were created in (and pg_temp last), and their EXECUTE right is revoked
+// from PUBLIC. Grant then takes every right on the tables away from PUBLIC and from a role and
+// gives that role only the functions: code connected as the role cannot write the tables
+// without the fence, and a store connected as the role works unchanged.
 //
-// Always calling the functions, rather than detecting at connect time whether the tables are
-// writable and sending the statements then, keeps one path: the conformance suite, run as the
-// owner at every isolation level, exercises exactly the code that a granted role runs, and no
-// detection can be wrong. The cost is a function call per operation (BenchmarkProtocol shows
-// it against the bare statements). Statement text is never copied: a function's body is built
-// from the same constants, and Migrate replaces a function whose body differs from the code's.
+// A driver whose user may update fenced_resources (the owner, typically) sends the statements
+// themselves; one that may not, but may call fenced_acquire, calls the functions. The driver
+// asks the server once, on its first operation, and keeps the answer when it is conclusive
+// (before Migrate there is nothing to ask about; the statements are sent and fail). The
+// function call costs 15–50% over the bare statement (docs/BENCHMARKS.md), which the owner
+// has no reason to pay. Statement text is never copied: a function's body is built from the
+// same constants, Migrate replaces a function whose body differs from the code's, and the
+// conformance suite runs both ways (as the owner, and as a granted role at every isolation
+// level).
 //
 // Expiry is judged by the server's clock_timestamp(), never by now(), which is frozen at the
 // start of a transaction (see sql.go). Tables and functions are not schema-qualified in calls,
@@ -47,13 +49,23 @@
 // # Incarnation
 //
 // fenced_meta records the server's system identifier and timeline when the schema is created
-// and at every BumpEpoch. Each lease-carrying function first compares them with the server's
-// (computed once per session), and fails with driver.ErrIncarnationChanged until BumpEpoch
+// and at every BumpEpoch. Each lease-carrying statement compares them with the server's
+// (computed once per session) and fails with driver.ErrIncarnationChanged until BumpEpoch
 // records the new incarnation: after a restore that changed the system identifier or a
 // promotion or point-in-time recovery that started a new timeline, no lease issued in the lost
 // history can be used, and no new one is issued under the old epoch. A restore of a file-level
 // copy of the same cluster onto the same timeline, or of a logical dump into the same cluster,
 // changes neither value and is not detected: run BumpEpoch after those by hand.
+//
+// The check is inside each statement, as a call of fenced_incarnation_ok() (true, or an
+// error) in its WHERE clause, so it holds alike for the statements and the functions built
+// from them. The planner makes it an InitPlan whose result is a one-time filter above the scan
+// (TestIncarnationCheckOncePerStatement reads the plans): it runs once per statement, before
+// any row is read or changed, and raises even when no row matches. The recorded incarnation
+// is read in every call, so a BumpEpoch by another process takes effect at the next
+// statement. Caching a passed check per connection instead was not needed: the check costs a
+// few percent, and such a cache would have to be proved safe against a promotion, which keeps
+// the standby's sessions open.
 package postgres
 
 import (
@@ -65,6 +77,7 @@ import (
 	"sort"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -90,6 +103,7 @@ const execMode = pgx.QueryExecModeCacheStatement
 type Driver struct {
 	pool  *pgxpool.Pool
 	owned bool
+	mode  atomic.Int32 // modeUnknown until detect has a conclusive answer
 }
 
 var (
@@ -258,6 +272,11 @@ func installRoutines(ctx context.Context, tx pgx.Tx) error {
 	if err != nil {
 		return err
 	}
+	for _, sig := range retiredRoutines {
+		if _, err := tx.Exec(ctx, "DROP FUNCTION IF EXISTS "+sig); err != nil {
+			return fmt.Errorf("drop retired routine %s: %w", sig, classify(err))
+		}
+	}
 	for _, r := range stale {
 		if _, err := tx.Exec(ctx, r.create(pgx.Identifier{schema}.Sanitize())); err != nil {
 			return fmt.Errorf("install routine %s: %w", r.name, classify(err))
@@ -336,8 +355,8 @@ func (d *Driver) Grant(ctx context.Context, role string) error {
 }
 
 func (d *Driver) Provision(ctx context.Context, resource string) error {
-	return d.do(ctx, func(c *pgxpool.Conn) error {
-		_, err := c.Exec(ctx, rtProvision.call(), execMode, resource)
+	return d.do(ctx, func(c session) error {
+		_, err := c.rowCount(ctx, rtProvision, resource)
 		return err
 	})
 }
@@ -348,8 +367,8 @@ func (d *Driver) Acquire(ctx context.Context, resource, owner string, ttl time.D
 		epoch, gen         int64
 		until              pgtype.Timestamptz
 	)
-	err := d.do(ctx, func(c *pgxpool.Conn) error {
-		return c.QueryRow(ctx, rtAcquire.call(), execMode, resource, owner, ttl.Microseconds()).
+	err := d.do(ctx, func(c session) error {
+		return c.queryRow(ctx, rtAcquire, resource, owner, ttl.Microseconds()).
 			Scan(&acquired, &epoch, &gen, &until, &seenFree)
 	})
 	if err != nil {
@@ -372,8 +391,8 @@ func (d *Driver) Acquire(ctx context.Context, resource, owner string, ttl time.D
 
 func (d *Driver) Renew(ctx context.Context, l driver.LeaseRef, ttl time.Duration) (time.Time, bool, error) {
 	var until pgtype.Timestamptz
-	err := d.do(ctx, func(c *pgxpool.Conn) error {
-		return c.QueryRow(ctx, rtRenew.call(), execMode, l.Resource, l.Owner, l.Generation, l.Epoch, ttl.Microseconds()).Scan(&until)
+	err := d.do(ctx, func(c session) error {
+		return c.queryRow(ctx, rtRenew, l.Resource, l.Owner, l.Generation, l.Epoch, ttl.Microseconds()).Scan(&until)
 	})
 	if errors.Is(err, driver.ErrNotFound) { // no row matched: refused
 		return time.Time{}, false, nil
@@ -397,9 +416,10 @@ func (d *Driver) PublishAndRelease(ctx context.Context, l driver.LeaseRef, pub d
 // first, and the whole statement was rolled back: refused, not an error.
 func (d *Driver) publish(ctx context.Context, rt routine, l driver.LeaseRef, pub driver.Publication) (bool, error) {
 	var n int64
-	err := d.do(ctx, func(c *pgxpool.Conn) error {
-		err := c.QueryRow(ctx, rt.call(), execMode, l.Resource, l.Owner, l.Generation, l.Epoch,
-			nonNil(pub.Payload), pub.SourceVersion, pub.OpID).Scan(&n)
+	err := d.do(ctx, func(c session) error {
+		var err error
+		n, err = c.rowCount(ctx, rt, l.Resource, l.Owner, l.Generation, l.Epoch,
+			nonNil(pub.Payload), pub.SourceVersion, pub.OpID)
 		var pgErr *pgconn.PgError
 		if errors.As(err, &pgErr) && pgErr.Code == "23505" && pgErr.ConstraintName == "fenced_operations_pkey" {
 			n = 0
@@ -412,8 +432,10 @@ func (d *Driver) publish(ctx context.Context, rt routine, l driver.LeaseRef, pub
 
 func (d *Driver) Release(ctx context.Context, l driver.LeaseRef) (bool, error) {
 	var n int64
-	err := d.do(ctx, func(c *pgxpool.Conn) error {
-		return c.QueryRow(ctx, rtRelease.call(), execMode, l.Resource, l.Owner, l.Generation, l.Epoch).Scan(&n)
+	err := d.do(ctx, func(c session) error {
+		var err error
+		n, err = c.rowCount(ctx, rtRelease, l.Resource, l.Owner, l.Generation, l.Epoch)
+		return err
 	})
 	return oneRow(n, err)
 }
@@ -436,9 +458,9 @@ func (d *Driver) Read(ctx context.Context, resource string) (driver.State, error
 		until, publishedAt pgtype.Timestamptz
 		now                time.Time
 	)
-	err := d.do(ctx, func(c *pgxpool.Conn) error {
+	err := d.do(ctx, func(c session) error {
 		st = driver.State{Resource: resource}
-		return c.QueryRow(ctx, rtRead.call(), execMode, resource).Scan(&st.Epoch, &st.Generation, &owner, &until,
+		return c.queryRow(ctx, rtRead, resource).Scan(&st.Epoch, &st.Generation, &owner, &until,
 			&st.PublishedEpoch, &st.PublishedGeneration, &publishedAt, &st.SourceVersion, &st.PayloadSize,
 			&st.CurrentEpoch, &now)
 	})
@@ -457,8 +479,8 @@ func (d *Driver) ReadPayload(ctx context.Context, resource string) ([]byte, int6
 		gen     int64
 		payload []byte
 	)
-	err := d.do(ctx, func(c *pgxpool.Conn) error {
-		return c.QueryRow(ctx, rtReadPayload.call(), execMode, resource).Scan(&gen, &payload)
+	err := d.do(ctx, func(c session) error {
+		return c.queryRow(ctx, rtReadPayload, resource).Scan(&gen, &payload)
 	})
 	if err != nil {
 		return nil, 0, err
@@ -485,9 +507,9 @@ func (d *Driver) operation(ctx context.Context, rt routine, opID string) (driver
 		epoch, gen pgtype.Int8
 		at         pgtype.Timestamptz
 	)
-	err := d.do(ctx, func(c *pgxpool.Conn) error {
+	err := d.do(ctx, func(c session) error {
 		op = driver.Operation{OpID: opID}
-		return c.QueryRow(ctx, rt.call(), execMode, opID).Scan(&op.Outcome, &resource, &epoch, &gen, &at)
+		return c.queryRow(ctx, rt, opID).Scan(&op.Outcome, &resource, &epoch, &gen, &at)
 	})
 	if errors.Is(err, driver.ErrNotFound) {
 		return driver.Operation{OpID: opID}, nil
@@ -503,16 +525,18 @@ func (d *Driver) operation(ctx context.Context, rt routine, opID string) (driver
 // statement.
 func (d *Driver) BumpEpoch(ctx context.Context) (int64, error) {
 	var epoch int64
-	err := d.do(ctx, func(c *pgxpool.Conn) error {
-		return c.QueryRow(ctx, rtBumpEpoch.call(), execMode).Scan(&epoch)
+	err := d.do(ctx, func(c session) error {
+		return c.queryRow(ctx, rtBumpEpoch).Scan(&epoch)
 	})
 	return epoch, err
 }
 
 func (d *Driver) PruneOperations(ctx context.Context, age time.Duration) (int64, error) {
 	var n int64
-	err := d.do(ctx, func(c *pgxpool.Conn) error {
-		return c.QueryRow(ctx, rtPrune.call(), execMode, age.Microseconds()).Scan(&n)
+	err := d.do(ctx, func(c session) error {
+		var err error
+		n, err = c.rowCount(ctx, rtPrune, age.Microseconds())
+		return err
 	})
 	return n, err
 }
@@ -543,7 +567,7 @@ const sqlDurability = `SELECT current_setting('fsync'), current_setting('synchro
 // it is strict.
 func (d *Driver) CheckDurability(ctx context.Context) ([]string, error) {
 	var fsync, syncCommit, fpw, standbys, volatile string
-	err := d.do(ctx, func(c *pgxpool.Conn) error {
+	err := d.do(ctx, func(c session) error {
 		return c.QueryRow(ctx, sqlDurability, execMode).Scan(&fsync, &syncCommit, &fpw, &standbys, &volatile)
 	})
 	if err != nil {
@@ -571,19 +595,114 @@ func (d *Driver) CheckDurability(ctx context.Context) ([]string, error) {
 // do runs one call on a connection of the pool, again while the server reports that it was
 // rolled back by a serialization failure or a deadlock (so it certainly did not take effect),
 // at most maxAttempts times. The error it returns has passed through classify.
-func (d *Driver) do(ctx context.Context, call func(*pgxpool.Conn) error) error {
+func (d *Driver) do(ctx context.Context, call func(session) error) error {
 	for attempt := 1; ; attempt++ {
 		c, err := d.pool.Acquire(ctx)
 		if err != nil {
 			// Waiting for or dialling a connection sends no statement.
 			return driver.NotApplied(fmt.Errorf("acquire connection: %w", err))
 		}
-		err = call(c)
+		direct, err := d.direct(ctx, c)
+		if err != nil {
+			c.Release()
+			// The detection changes nothing, and the operation was not sent.
+			return driver.NotApplied(fmt.Errorf("read privileges: %w", err))
+		}
+		err = call(session{c, direct})
 		c.Release()
 		if !rolledBack(err) || attempt == maxAttempts || ctx.Err() != nil {
 			return classify(err)
 		}
 	}
+}
+
+// Modes of a driver: whether it sends the statements or calls the routines.
+const (
+	modeUnknown int32 = iota
+	modeDirect
+	modeRoutines
+)
+
+// sqlPrivileges tells whether this user may update fenced_resources and call the incarnation
+// check (both NULL before Migrate created them), and whether it may call fenced_acquire.
+// has_table_privilege counts role memberships and grants to PUBLIC.
+const sqlPrivileges = `SELECT has_table_privilege(to_regclass('fenced_resources'), 'UPDATE')
+        AND has_function_privilege(to_regprocedure('fenced_incarnation_ok()'), 'EXECUTE'),
+    has_function_privilege(to_regprocedure('fenced_acquire(text, text, bigint)'), 'EXECUTE')`
+
+// direct reports whether to send the statements rather than call the routines. A user that may
+// write the tables sends the statements; one that Grant set up, which may not, calls the
+// routines. The first call asks the server once and keeps a conclusive answer; before Migrate
+// (no tables, no routines) the answer is direct and not kept, so the statement fails and says
+// why. Every connection of the pool logs in as the same user, so the answer holds for all.
+// The query is sent with the simple protocol: it is not worth preparing.
+func (d *Driver) direct(ctx context.Context, c *pgxpool.Conn) (bool, error) {
+	switch d.mode.Load() {
+	case modeDirect:
+		return true, nil
+	case modeRoutines:
+		return false, nil
+	}
+	var mayWrite, mayCall pgtype.Bool
+	if err := c.QueryRow(ctx, sqlPrivileges, pgx.QueryExecModeSimpleProtocol).Scan(&mayWrite, &mayCall); err != nil {
+		return false, err
+	}
+	switch {
+	case mayWrite.Valid && mayWrite.Bool:
+		d.mode.Store(modeDirect)
+		return true, nil
+	case mayWrite.Valid && mayCall.Valid && mayCall.Bool:
+		d.mode.Store(modeRoutines)
+		return false, nil
+	}
+	return true, nil
+}
+
+// session is a connection of the pool and the driver's mode.
+type session struct {
+	*pgxpool.Conn
+	direct bool
+}
+
+// queryRow runs rt's statement, or calls its routine, for the rows it returns. In direct mode
+// a routine with a statement before (Resolve) is sent as a batch of the two statements: one
+// round trip and one implicit transaction, as the routine's call is.
+func (c session) queryRow(ctx context.Context, rt routine, args ...any) pgx.Row {
+	if !c.direct {
+		return c.QueryRow(ctx, rt.call(), append([]any{execMode}, args...)...)
+	}
+	if rt.before == "" {
+		return c.QueryRow(ctx, rt.statement, append([]any{execMode}, args...)...)
+	}
+	b := &pgx.Batch{}
+	b.Queue(rt.before, args...)
+	b.Queue(rt.statement, args...)
+	return batchRow{c.SendBatch(ctx, b)}
+}
+
+// rowCount runs rt's statement, or calls its routine, for the number of rows it changed.
+func (c session) rowCount(ctx context.Context, rt routine, args ...any) (int64, error) {
+	if !c.direct {
+		var n int64
+		err := c.QueryRow(ctx, rt.call(), append([]any{execMode}, args...)...).Scan(&n)
+		return n, err
+	}
+	tag, err := c.Exec(ctx, rt.statement, append([]any{execMode}, args...)...)
+	return tag.RowsAffected(), err
+}
+
+// batchRow is the row of a batch's last statement.
+type batchRow struct{ br pgx.BatchResults }
+
+func (r batchRow) Scan(dest ...any) error {
+	_, err := r.br.Exec()
+	if err == nil {
+		err = r.br.QueryRow().Scan(dest...)
+	}
+	if cerr := r.br.Close(); err == nil {
+		err = cerr
+	}
+	return err
 }
 
 // rolledBack reports whether err is the server's report that the transaction was aborted so

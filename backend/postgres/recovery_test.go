@@ -26,7 +26,9 @@ var isolationLevels = map[string]map[string]string{
 // incarnation recorded in fenced_meta instead: a different system identifier stands for a
 // restore from another cluster's copy, a recorded timeline below the server's for a promotion.
 // Either way acquisitions and lease-carrying mutations fail with ErrIncarnationChanged (not
-// applied) until BumpEpoch records the server's incarnation again.
+// applied) until BumpEpoch records the server's incarnation again. The driver is the schema's
+// owner, so it sends the statements (direct mode); TestIncarnationCheckOncePerStatement covers
+// a granted role too.
 func TestIncarnationChanged(t *testing.T) {
 	for name, tamper := range map[string]string{
 		"restore":   `UPDATE fenced_meta SET system_identifier = system_identifier + 1`,
@@ -85,6 +87,9 @@ func TestIncarnationChanged(t *testing.T) {
 			}
 			if err := held.Publish(ctx, []byte("old")); !errors.Is(err, fenced.ErrRefused) {
 				t.Fatalf("a lease from before the bump: %v, want refused", err)
+			}
+			if d.mode.Load() != modeDirect { // the check in the statements, not in the routines
+				t.Fatalf("the owner's driver is in mode %d, want direct", d.mode.Load())
 			}
 		})
 	}

@@ -19,9 +19,17 @@ const ttlInterval = `* interval '1 microsecond'`
 // currentEpoch is the store's epoch, read inside the statement that uses it.
 const currentEpoch = `(SELECT epoch FROM fenced_meta WHERE id = 1)`
 
+// incarnationOK is the incarnation check in every lease-carrying statement's WHERE clause: it
+// raises FNC01 unless the server's incarnation is the one recorded (fenced_incarnation_ok).
+// As an uncorrelated scalar subquery it becomes an InitPlan, and a condition without columns
+// becomes the one-time filter of a Result node above the scan: it is evaluated once, before
+// the scan reads any row, so it raises even when no row matches and before any row changes
+// (TestIncarnationCheckOncePerStatement shows the plans).
+const incarnationOK = `(SELECT fenced_incarnation_ok())`
+
 // leaseMatches is the condition every lease-carrying statement shares: $1 resource, $2 owner,
-// $3 generation, $4 epoch.
-const leaseMatches = `resource = $1 AND lease_owner = $2 AND generation = $3 AND epoch = $4`
+// $3 generation, $4 epoch, and the incarnation check.
+const leaseMatches = `resource = $1 AND lease_owner = $2 AND generation = $3 AND epoch = $4 AND ` + incarnationOK
 
 // The server's incarnation. The system identifier changes when a cluster is rebuilt from a
 // logical copy or re-initialised; the timeline changes when a standby is promoted or a
@@ -36,7 +44,7 @@ const (
 	recordIncarnation = `system_identifier = ` + serverSystemIdentifier + `, timeline = ` + serverTimeline
 )
 
-// sqlstateIncarnation is raised by fenced_check_incarnation: a custom SQLSTATE that no server
+// sqlstateIncarnation is raised by fenced_incarnation_ok: a custom SQLSTATE that no server
 // error uses.
 const sqlstateIncarnation = "FNC01"
 
@@ -58,7 +66,7 @@ const (
     UPDATE fenced_resources
     SET generation = generation + 1, epoch = ` + currentEpoch + `, lease_owner = $2,
         lease_until = clock_timestamp() + $3::bigint ` + ttlInterval + `
-    WHERE resource = $1 AND (lease_until IS NULL OR lease_until <= clock_timestamp())
+    WHERE resource = $1 AND (lease_until IS NULL OR lease_until <= clock_timestamp()) AND ` + incarnationOK + `
     RETURNING epoch, generation, lease_until
 )
 SELECT true, epoch, generation, lease_until, false FROM acquired
@@ -142,8 +150,8 @@ RETURNING epoch`
 	sqlRecordIncarnation = `UPDATE fenced_meta SET ` + recordIncarnation + ` WHERE id = 1 AND system_identifier IS NULL`
 )
 
-// checkIncarnationBody is the body of fenced_check_incarnation(), which every lease-carrying
-// routine calls first. The server's incarnation is computed once per session and kept in a
+// checkIncarnationBody is the body of fenced_incarnation_ok(), which every lease-carrying
+// statement calls once (incarnationOK). It returns true or raises. The server's incarnation is computed once per session and kept in a
 // session setting (it cannot change under a live session, except when the server it is
 // connected to is a standby that gets promoted, so it is not kept while in recovery). The
 // recorded incarnation is read each time, so a BumpEpoch by any process takes effect at once.
@@ -162,11 +170,13 @@ BEGIN
         RAISE EXCEPTION 'the server''s incarnation % differs from % recorded at the last epoch bump', server, recorded
             USING ERRCODE = '` + sqlstateIncarnation + `';
     END IF;
+    RETURN true;
 END`
 
 // routine is one operation as a database function. Its body is built from the statement
-// constants above, so the function and the statement are the same text; the driver always
-// calls the functions (see the package documentation).
+// constants above, so the function and the statement are the same text: a driver that may
+// write the tables sends the statement, one that may not calls the function (see the package
+// documentation).
 type routine struct {
 	name   string
 	params string // argument types, in order ($1, $2, ...)
@@ -176,8 +186,6 @@ type routine struct {
 	// before runs first (Resolve's INSERT); statement is the one whose result is returned.
 	before    string
 	statement string
-	// fenced routines check the server's incarnation first.
-	fenced bool
 	// granted routines are executable by a role passed to Grant.
 	granted bool
 }
@@ -204,7 +212,7 @@ func (r routine) call() string {
 // body is the PL/pgSQL source: PL/pgSQL rather than SQL functions because it keeps each
 // statement's plan for the session.
 func (r routine) body() string {
-	if r.name == "fenced_check_incarnation" {
+	if r.name == rtIncarnationOK.name {
 		return checkIncarnationBody
 	}
 	var b strings.Builder
@@ -212,9 +220,6 @@ func (r routine) body() string {
 		b.WriteString("DECLARE\n    n bigint;\n")
 	}
 	b.WriteString("BEGIN\n")
-	if r.fenced {
-		b.WriteString("    PERFORM fenced_check_incarnation();\n")
-	}
 	if r.before != "" {
 		b.WriteString(r.before + ";\n")
 	}
@@ -229,26 +234,34 @@ func (r routine) body() string {
 
 // create is the DDL that installs the routine in schema, running as its owner with the search
 // path fixed to that schema (and pg_temp last, so no temporary object can shadow a table).
+// fenced_incarnation_ok is the exception: it runs as its caller with the caller's search path,
+// which is either an operation routine (the owner, that fixed path) or, in direct mode, a
+// user that may write the tables and resolves them with the same path as the statement
+// calling it. Switching the user and the search path on every call costs about as much as
+// the check itself.
 func (r routine) create(schema string) string {
+	attributes := " SECURITY DEFINER SET search_path = " + schema + ", pg_temp"
+	if r.name == rtIncarnationOK.name {
+		attributes = ""
+	}
 	return "CREATE OR REPLACE FUNCTION " + r.signature() + " RETURNS " + r.returns +
-		"\nLANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = " + schema + ", pg_temp AS $fenced$" +
-		r.body() + "$fenced$"
+		"\nLANGUAGE plpgsql VOLATILE" + attributes + " AS $fenced$" + r.body() + "$fenced$"
 }
 
 var (
-	rtCheckIncarnation = routine{name: "fenced_check_incarnation", params: "", returns: "void"}
-	rtProvision        = routine{name: "fenced_provision", params: "text", returns: "bigint", statement: sqlProvision, granted: true}
-	rtAcquire          = routine{name: "fenced_acquire", params: "text, text, bigint",
+	rtIncarnationOK = routine{name: "fenced_incarnation_ok", params: "", returns: "boolean"}
+	rtProvision     = routine{name: "fenced_provision", params: "text", returns: "bigint", statement: sqlProvision, granted: true}
+	rtAcquire       = routine{name: "fenced_acquire", params: "text, text, bigint",
 		returns:   "TABLE (o_acquired boolean, o_epoch bigint, o_generation bigint, o_lease_until timestamptz, o_seen_free boolean)",
-		statement: sqlAcquire, fenced: true, granted: true}
+		statement: sqlAcquire, granted: true}
 	rtRenew = routine{name: "fenced_renew", params: "text, text, bigint, bigint, bigint",
-		returns: "TABLE (o_lease_until timestamptz)", statement: sqlRenew, fenced: true, granted: true}
+		returns: "TABLE (o_lease_until timestamptz)", statement: sqlRenew, granted: true}
 	rtPublish = routine{name: "fenced_publish", params: "text, text, bigint, bigint, bytea, bigint, text",
-		returns: "bigint", statement: sqlPublish, fenced: true, granted: true}
+		returns: "bigint", statement: sqlPublish, granted: true}
 	rtPublishAndRelease = routine{name: "fenced_publish_and_release", params: "text, text, bigint, bigint, bytea, bigint, text",
-		returns: "bigint", statement: sqlPublishAndRelease, fenced: true, granted: true}
+		returns: "bigint", statement: sqlPublishAndRelease, granted: true}
 	rtRelease = routine{name: "fenced_release", params: "text, text, bigint, bigint",
-		returns: "bigint", statement: sqlRelease, fenced: true, granted: true}
+		returns: "bigint", statement: sqlRelease, granted: true}
 	rtRead = routine{name: "fenced_read", params: "text",
 		returns: "TABLE (o_epoch bigint, o_generation bigint, o_lease_owner text, o_lease_until timestamptz, " +
 			"o_published_epoch bigint, o_published_generation bigint, o_published_at timestamptz, " +
@@ -267,9 +280,14 @@ var (
 	rtSchemaVersion = routine{name: "fenced_schema_version", params: "", returns: "TABLE (o_version integer)",
 		statement: sqlSchemaVersion, granted: true}
 
-	// routines are installed in this order (fenced_check_incarnation before its callers).
-	routines = []routine{rtCheckIncarnation, rtProvision, rtAcquire, rtRenew, rtPublish, rtPublishAndRelease,
+	// routines are installed in this order (fenced_incarnation_ok before its callers).
+	routines = []routine{rtIncarnationOK, rtProvision, rtAcquire, rtRenew, rtPublish, rtPublishAndRelease,
 		rtRelease, rtRead, rtReadPayload, rtResolve, rtReadOperation, rtBumpEpoch, rtPrune, rtSchemaVersion}
+
+	// retiredRoutines are the signatures of routines earlier versions installed, dropped by
+	// Migrate: fenced_check_incarnation() was called by each routine before the check moved
+	// into the statements.
+	retiredRoutines = []string{"fenced_check_incarnation()"}
 
 	// fencedTables are the tables a granted role may not touch directly.
 	fencedTables = []string{"fenced_resources", "fenced_operations", "fenced_meta", "fenced_schema_migrations"}
