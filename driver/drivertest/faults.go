@@ -23,14 +23,13 @@ type Proxy struct {
 	ln       net.Listener
 	upstream string
 
-	mu      sync.Mutex
-	armed   bool
-	match   func([]byte) bool // when set, only a connection whose request matched is armed
-	marked  net.Conn          // the server connection whose next reply is lost
-	dropped chan struct{}
-	conns   map[net.Conn]struct{}
-	closed  bool
-	wg      sync.WaitGroup
+	mu     sync.Mutex
+	armed  bool
+	match  func([]byte) bool // when set, only a connection whose request matched is armed
+	marked net.Conn          // the server connection whose next reply is lost
+	conns  map[net.Conn]struct{}
+	closed bool
+	wg     sync.WaitGroup
 }
 
 // StartProxy listens on a loopback port and forwards every connection to upstream (host:port).
@@ -41,7 +40,7 @@ func StartProxy(t testing.TB, upstream string) *Proxy {
 	if err != nil {
 		t.Fatalf("proxy listen: %v", err)
 	}
-	p := &Proxy{ln: ln, upstream: upstream, conns: map[net.Conn]struct{}{}, dropped: make(chan struct{})}
+	p := &Proxy{ln: ln, upstream: upstream, conns: map[net.Conn]struct{}{}}
 	p.wg.Add(1)
 	go p.accept()
 	t.Cleanup(p.Close)
@@ -52,12 +51,11 @@ func StartProxy(t testing.TB, upstream string) *Proxy {
 func (p *Proxy) Addr() string { return p.ln.Addr().String() }
 
 // LoseNextReply arms the proxy: the next bytes any server connection sends are discarded, and
-// that connection is closed on both sides. Dropped is closed when that has happened.
+// that connection is closed on both sides.
 func (p *Proxy) LoseNextReply() {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	p.armed = true
-	p.dropped = make(chan struct{})
 }
 
 // LoseReplyTo arms the proxy for one request: after a client sends bytes containing marker (an
@@ -75,7 +73,6 @@ func (p *Proxy) LoseReplyToRequest(match func(request []byte) bool) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	p.armed, p.match, p.marked = false, match, nil
-	p.dropped = make(chan struct{})
 }
 
 // sawRequest arms server's connection if chunk is the request to lose the reply to.
@@ -85,13 +82,6 @@ func (p *Proxy) sawRequest(server net.Conn, chunk []byte) {
 	if p.match != nil && p.match(chunk) {
 		p.match, p.marked = nil, server
 	}
-}
-
-// Dropped is closed once the armed reply has been lost.
-func (p *Proxy) Dropped() <-chan struct{} {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	return p.dropped
 }
 
 // Close stops listening and closes every connection.
@@ -187,7 +177,6 @@ func (p *Proxy) takeArmed(server net.Conn) bool {
 	default:
 		return false
 	}
-	close(p.dropped)
 	return true
 }
 
