@@ -18,17 +18,7 @@ import (
 // Run with: go test -run '^$' -bench Protocol -count 6 ./backend/redis/ and compare with
 // benchstat -col /impl.
 func BenchmarkProtocol(b *testing.B) {
-	base := drivertest.ServerURL(b, "FENCED_TEST_REDIS", "redis://127.0.0.1:6379/0", func(u string) error {
-		opt, err := goredis.ParseURL(u)
-		if err != nil {
-			return err
-		}
-		c := goredis.NewClient(opt)
-		defer c.Close()
-		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
-		defer cancel()
-		return c.Ping(ctx).Err()
-	})
+	base := ServerURLForTest(b)
 	prefix := "fenced-bench:" + rand.Text() + ":"
 	u, err := url.Parse(base)
 	if err != nil {
@@ -98,4 +88,20 @@ func (r raw) PublishAndRelease(ctx context.Context, l driver.LeaseRef, p driver.
 
 func (r raw) Release(ctx context.Context, l driver.LeaseRef) (bool, error) {
 	return r.one(ctx, scriptRelease, r.d.leaseKeys(l.Resource), l.Owner, l.Generation, l.Epoch)
+}
+
+// ServerURLForTest is the Redis server the tests and benchmarks use: FENCED_TEST_REDIS, else
+// the local default. It is exported to the external test package.
+func ServerURLForTest(t testing.TB) string {
+	return drivertest.ServerURL(t, "FENCED_TEST_REDIS", "redis://127.0.0.1:6379/0", func(u string) error {
+		opt, err := goredis.ParseURL(u)
+		if err != nil {
+			return err
+		}
+		c := goredis.NewClient(opt)
+		defer c.Close()
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		defer cancel()
+		return c.Ping(ctx).Err()
+	})
 }

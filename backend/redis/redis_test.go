@@ -20,19 +20,7 @@ import (
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 
 // serverURL is the Redis server the tests use: FENCED_TEST_REDIS, else the local default.
-func serverURL(t testing.TB) string {
-	return drivertest.ServerURL(t, "FENCED_TEST_REDIS", "redis://127.0.0.1:6379/0", func(u string) error {
-		opt, err := goredis.ParseURL(u)
-		if err != nil {
-			return err
-		}
-		c := goredis.NewClient(opt)
-		defer c.Close()
-		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
-		defer cancel()
-		return c.Ping(ctx).Err()
-	})
-}
+func serverURL(t testing.TB) string { return redis.ServerURLForTest(t) }
 
 // isolated returns the server URL with a key prefix of its own, and removes every key under
 // that prefix when the test ends.
