@@ -2,6 +2,10 @@
 GO      ?= go
 BENCH   ?= .
 COUNT   ?= 6
+# Linters are pinned and run through go run, so make lint checks the same on every machine.
+GOLANGCI_LINT ?= $(GO) run github.com/golangci/golangci-lint/v2/cmd/golangci-lint@v2.15.0
+STATICCHECK   ?= $(GO) run honnef.co/go/tools/cmd/staticcheck@v0.8.2
+MODULES       := $(shell $(GO) work edit -json | sed -n 's/.*"DiskPath": "\(.*\)".*/\1/p')
 
 .PHONY: help build test test-short bench lint demo
 help: ## list the targets
@@ -19,10 +23,11 @@ test-short: ## the tests without the race detector, for a quick look
 bench: ## benchmarks beside their raw baselines; compare with: benchstat -col /impl bench.txt
 	$(GO) test -run '^$$' -bench '$(BENCH)' -count $(COUNT) -timeout 60m work | tee bench.txt
 
-lint: ## gofmt, go vet, and golangci-lint when it is installed
+lint: ## gofmt, go vet, staticcheck and golangci-lint (pinned versions) on every module
 	@test -z "$$(gofmt -l $$(git ls-files '*.go'))" || { gofmt -l $$(git ls-files '*.go'); exit 1; }
 	$(GO) vet work
-	@if command -v golangci-lint >/dev/null; then golangci-lint run ./...; else echo "golangci-lint not installed; skipped"; fi
+	$(STATICCHECK) work
+	@set -e; for m in $(MODULES); do echo "golangci-lint $$m"; (cd $$m && $(GOLANGCI_LINT) run --config $(CURDIR)/.golangci.yml ./...); done
 
 demo: ## the failure and the fence, with real processes
 	$(GO) run ./cmd/fenced demo

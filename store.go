@@ -446,7 +446,8 @@ func validRole(r string) error {
 		return invalid("role", "%q must be 1 to 63 characters long", r)
 	}
 	for i, c := range r {
-		if !(c == '_' || c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || i > 0 && c >= '0' && c <= '9') {
+		letter := c == '_' || c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z'
+		if !letter && (i == 0 || c < '0' || c > '9') {
 			return invalid("role", "%q may hold only letters, digits and underscores, and not start with a digit", r)
 		}
 	}

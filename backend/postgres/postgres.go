@@ -712,11 +712,6 @@ func rolledBack(err error) bool {
 	return errors.As(err, &pgErr) && (pgErr.Code == "40001" || pgErr.Code == "40P01")
 }
 
-func isServerError(err error) bool {
-	var pgErr *pgconn.PgError
-	return errors.As(err, &pgErr)
-}
-
 // classify is where pgx's errors become the driver's, in one place. No row is ErrNotFound
 // (each caller knows what an absent row means). The error is marked driver.ErrNotApplied only
 // when the call certainly did not take effect:

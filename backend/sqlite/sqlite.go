@@ -135,7 +135,7 @@ func (d *Driver) q(statement string) string {
 func OpenURL(rawURL string) (*Driver, error) {
 	path, ok := strings.CutPrefix(rawURL, "sqlite:")
 	if !ok {
-		return nil, fmt.Errorf("open sqlite: %q does not start with sqlite:", rawURL)
+		return nil, fmt.Errorf("open sqlite: %q is not a URL of the form sqlite:PATH", rawURL)
 	}
 	path = strings.TrimPrefix(path, "//")
 	return Open(path)

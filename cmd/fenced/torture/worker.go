@@ -43,7 +43,7 @@ var errDroppedReply = errors.New("reply dropped by the torture nemesis after the
 // check is what the torture tests. Every driver call is recorded to rec.
 func RunWorker(ctx context.Context, cfg WorkerConfig, drv driver.Driver, rec *Recorder) error {
 	rng := rand.New(rand.NewPCG(cfg.Seed, 0x70727475726521))
-	var inner driver.Driver = drv
+	inner := drv
 	if cfg.DropReply > 0 {
 		inner = &dropper{Driver: drv, rng: rand.New(rand.NewPCG(cfg.Seed, 0x64726f70)), p: cfg.DropReply, rec: rec}
 	}
