@@ -3,6 +3,7 @@ package sqlserver
 import (
 	"context"
 	"database/sql"
+	"errors"
 	"fmt"
 	"regexp"
 	"strings"
@@ -17,10 +18,17 @@ var _ driver.Granter = (*Driver)(nil)
 // name is written into GRANT and DENY statements, which take no parameters.
 var roleName = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]{0,62}$`)
 
+// ErrGrantInDBO is returned by Grant when the tables are in schema dbo (the default): the
+// DENY ALTER ON SCHEMA that keeps a role from replacing the procedures would deny it every
+// change of definition of every object in dbo, the application's own included. Use a schema
+// of fenced's own (Config.Schema, or schema=NAME in the URL), migrated afresh.
+var ErrGrantInDBO = errors.New("refusing to restrict a role on schema dbo, which holds the application's objects too; give fenced a schema of its own (Config.Schema or ?schema=NAME)")
+
 // Grant installs one procedure per operation in the driver's schema, their bodies the driver's
 // own statements, and lets role execute them and nothing else on fenced's tables:
 //
-//   - CREATE OR ALTER PROCEDURE for every operation (see routines in sql.go);
+//   - CREATE OR ALTER PROCEDURE for every operation that Migrate has not installed in this
+//     version (see routines in sql.go);
 //   - the role is created (CREATE ROLE) when no database principal has that name; a built-in
 //     principal (public, dbo, guest, sys, INFORMATION_SCHEMA, a fixed role) is refused;
 //   - GRANT EXECUTE on each procedure, SELECT on fenced_schema_migrations and VIEW DEFINITION
@@ -45,10 +53,21 @@ var roleName = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]{0,62}$`)
 // DENY; the role's members must not be among them. After upgrading this package, run Grant
 // again so that the procedures are the new statements.
 //
-// Everything runs in one transaction: it is all installed, or none of it.
+// The role's logins also need to read their database's row in sys.database_recovery_status
+// (VIEW ANY DATABASE, which public holds unless it was revoked): the incarnation check reads it
+// with the caller's permissions, which ownership chaining does not extend.
+//
+// Grant refuses schema dbo (ErrGrantInDBO). Everything runs in one transaction: it is all
+// installed, or none of it.
 func (d *Driver) Grant(ctx context.Context, role string) (err error) {
+	if d.refused != nil {
+		return d.refused
+	}
 	if !roleName.MatchString(role) {
 		return fmt.Errorf("grant: role %q is not a plain identifier (letters, digits, underscores)", role)
+	}
+	if strings.EqualFold(d.schema, "dbo") {
+		return fmt.Errorf("grant %s: %w", role, ErrGrantInDBO)
 	}
 	tx, err := d.db.BeginTx(ctx, nil)
 	if err != nil {
@@ -59,11 +78,8 @@ func (d *Driver) Grant(ctx context.Context, role string) (err error) {
 			_ = tx.Rollback()
 		}
 	}()
-	for o, text := range d.sql.create {
-		// CREATE PROCEDURE must be the first statement of its batch: one batch each.
-		if _, err := tx.ExecContext(ctx, text); err != nil {
-			return translate("create procedure "+routines[o].procedure, err)
-		}
+	if err := d.installProcedures(ctx, tx); err != nil {
+		return err
 	}
 	if _, err := tx.ExecContext(ctx, grantBatch(d.sql, d.schema, role), sql.Named("role", role)); err != nil {
 		return translate("grant to "+role, err)

@@ -1,7 +1,9 @@
 package sqlserver
 
 import (
+	"crypto/sha256"
 	"database/sql"
+	"encoding/hex"
 	"fmt"
 	"math"
 	"strings"
@@ -63,14 +65,81 @@ const writes = "SET XACT_ABORT ON; SET TRANSACTION ISOLATION LEVEL READ COMMITTE
 // the other needs, SQL Server ends one as a deadlock victim and rolls it back; see retry.)
 const currentEpoch = `(SELECT epoch FROM {meta} WITH (HOLDLOCK) WHERE id = 1)`
 
+// clockEpoch is the engine's clock in microseconds since 1970 (DATEDIFF_BIG, SQL Server 2016
+// and later), the floor of every epoch a store sets: a store that lost everything and starts
+// again from its migrations still issues tokens greater than every one it issued before,
+// provided the server's clock did not go back across the loss (if it did, by as much as it
+// went back; bump the epoch by hand after such a loss). The literal is in the unseparated
+// form, which SQL Server reads the same way under every language and DATEFORMAT setting.
+const clockEpoch = `DATEDIFF_BIG(microsecond, CAST('19700101' AS DATETIME2(7)), SYSUTCDATETIME())`
+
+// The database's incarnation, as SQL Server reports it for the current database in
+// sys.database_recovery_status
+// (https://learn.microsoft.com/sql/relational-databases/system-catalog-views/sys-database-recovery-status-transact-sql):
+// database_guid changes when the database is restored under a name that does not exist yet
+// (or attached from copied files); recovery_fork_guid changes when a restore recovers the
+// database at a point other than the end of its log - a full backup recovered without its
+// log, a point-in-time restore - which starts a new recovery path
+// (https://learn.microsoft.com/sql/relational-databases/backup-restore/recovery-paths).
+// Visibility: a login sees the current database's row when it owns the database or holds
+// VIEW ANY DATABASE (granted to public by default) or ALTER ANY DATABASE; ownership chaining
+// does not extend to a catalog view's row filter, so a granted role's login needs the same.
+const (
+	serverIncarnation = `FROM sys.database_recovery_status WHERE database_id = DB_ID()`
+	serverForkGUID    = `(SELECT recovery_fork_guid ` + serverIncarnation + `)`
+	serverDBGUID      = `(SELECT database_guid ` + serverIncarnation + `)`
+	recordIncarnation = `recovery_fork_guid = ` + serverForkGUID + `, database_guid = ` + serverDBGUID
+)
+
+// Error numbers fenced's own statements THROW (user errors are 50000 and above). Both are
+// raised before the statement changes anything, and THROW ends the batch.
+const (
+	errIncarnationChanged = 51801 // the recorded incarnation is not the database's
+	errIncarnationHidden  = 51802 // this login cannot read sys.database_recovery_status
+)
+
+// incarnationVisible fails (51802) when the login cannot see its database's incarnation, so
+// that an invisible row is reported as a missing permission, not as a restore.
+const incarnationVisible = `IF ` + serverForkGUID + ` IS NULL OR ` + serverDBGUID + ` IS NULL
+    THROW 51802, N'fenced: this login cannot read its database''s row in sys.database_recovery_status; grant it VIEW ANY DATABASE', 1;
+`
+
+// incarnationOK begins every lease-carrying batch: it fails (51801) unless the incarnation
+// recorded at the last Migrate or BumpEpoch is the database's, before anything is locked or
+// changed. After a restore, no lease issued in the lost history can be used and none is issued
+// under the old epoch until BumpEpoch records the new incarnation.
+const incarnationOK = incarnationVisible + `IF NOT EXISTS (SELECT 1 FROM {meta} WHERE id = 1
+    AND recovery_fork_guid = ` + serverForkGUID + ` AND database_guid = ` + serverDBGUID + `)
+    THROW 51801, N'fenced: the database was restored since the last epoch bump; bump the epoch', 1;
+`
+
 // leaseMatches is the condition every lease-carrying statement shares.
 const leaseMatches = `resource = @resource AND lease_owner = @owner AND generation = @generation AND epoch = @epoch`
 
-// operationAbsent is true while the operation id has no recorded outcome. UPDLOCK with
+// lockRow opens the batch's transaction and takes an update lock on the resource's row,
+// waiting for whoever holds it (a BumpEpoch, a caller's transaction). The statement after it
+// reads SYSUTCDATETIME() when it starts, which is then after the wait: SQL Server evaluates
+// that function once per statement, not once per row or per lock wait, so a conditional
+// UPDATE that waited itself would judge expiry by the instant before its wait
+// (https://learn.microsoft.com/sql/t-sql/functions/sysutcdatetime-transact-sql). The update
+// lock is held to the end of the transaction and conflicts with every other update lock, so
+// nobody changes the row between this read and the UPDATE. ROWLOCK keeps the lock on the one
+// row. The assignment returns no result set.
+const lockRow = `DECLARE @locked INT;
+BEGIN TRANSACTION;
+SELECT @locked = 1 FROM {resources} WITH (UPDLOCK, ROWLOCK) WHERE resource = @resource;
+`
+
+// operationAbsent sets @absent to 0 when the operation id has a recorded outcome. UPDLOCK with
 // HOLDLOCK takes a key-range update lock on the id even when no row has it, held to the end of
 // the transaction, so a publication and a Resolve (or two publications) carrying one id run
-// one after another: the second sees the first's record.
-const operationAbsent = `NOT EXISTS (SELECT 1 FROM {operations} WITH (UPDLOCK, HOLDLOCK) WHERE op_id = @op_id)`
+// one after another: the second sees the first's record. The range lock also covers ids next
+// to this one in the index: publications whose ids fall in one key range (on an empty table,
+// all of them) wait for each other at this statement. It runs before the clock is read, so
+// that wait too ends before expiry is judged.
+const operationAbsent = `DECLARE @absent INT = 1;
+SELECT @absent = 0 FROM {operations} WITH (UPDLOCK, HOLDLOCK) WHERE op_id = @op_id;
+`
 
 const (
 	// tmplProvision (resource) inserts the row unless it exists. Without the hints, two
@@ -92,20 +161,23 @@ SET generation = generation + 1, epoch = ` + currentEpoch + `,
 OUTPUT inserted.epoch, inserted.generation, TODATETIMEOFFSET(inserted.lease_until, 0), 1 AS acquired
 WHERE resource = @resource AND (lease_until IS NULL OR lease_until <= SYSUTCDATETIME())`
 
-	// tmplAcquire runs the acquisition and, in the same round trip and only when it matched no
-	// row, reads the holder (acquired = 0) to say why. The read decides nothing: the refusal
-	// was the UPDATE's. No row at all means the resource is not provisioned. The UPDATE is an
-	// autocommit statement and the read runs only when it changed nothing, so an error in
-	// either means nothing changed.
-	tmplAcquire = autocommit + writes + tmplAcquireUpdate + `;
+	// tmplAcquire locks the row (lockRow), runs the acquisition and, in the same round trip and
+	// only when it matched no row, reads the holder (acquired = 0) to say why. The read decides
+	// nothing: the refusal was the UPDATE's. No row at all means the resource is not
+	// provisioned. Everything is in one transaction under XACT_ABORT, and the answer is read
+	// before the COMMIT.
+	tmplAcquire = autocommit + writes + incarnationOK + lockRow + tmplAcquireUpdate + `;
 IF @@ROWCOUNT = 0
-    SELECT epoch, generation, TODATETIMEOFFSET(lease_until, 0), 0 AS acquired FROM {resources} WHERE resource = @resource`
+    SELECT epoch, generation, TODATETIMEOFFSET(lease_until, 0), 0 AS acquired FROM {resources} WHERE resource = @resource;
+COMMIT TRANSACTION;`
 
-	// tmplRenew (resource, owner, generation, epoch, ttl_s, ttl_us).
-	tmplRenew = autocommit + writes + `UPDATE {resources}
+	// tmplRenew (resource, owner, generation, epoch, ttl_s, ttl_us) judges expiry after the row
+	// lock is held (lockRow): a renewal never revives a lease that expired while it waited.
+	tmplRenew = autocommit + writes + incarnationOK + lockRow + `UPDATE {resources}
 SET lease_until = ` + leaseEnd + `
 OUTPUT TODATETIMEOFFSET(inserted.lease_until, 0)
-WHERE ` + leaseMatches + ` AND lease_until > SYSUTCDATETIME()`
+WHERE ` + leaseMatches + ` AND lease_until > SYSUTCDATETIME();
+COMMIT TRANSACTION;`
 
 	// publishSet and publishWhere: the publication's own parameters are payload,
 	// source_version (0: none) and op_id.
@@ -114,7 +186,7 @@ WHERE ` + leaseMatches + ` AND lease_until > SYSUTCDATETIME()`
     source_version = CASE WHEN @source_version > 0 THEN @source_version ELSE source_version END`
 	publishWhere = leaseMatches + ` AND lease_until > SYSUTCDATETIME()
   AND published_generation < @generation AND (@source_version = 0 OR source_version <= @source_version)
-  AND ` + operationAbsent
+  AND @absent = 1`
 
 	// tmplPublishUpdate and tmplPublishAndReleaseUpdate are the conditional UPDATEs that
 	// tmplPublish and tmplPublishAndRelease wrap.
@@ -124,15 +196,15 @@ WHERE ` + leaseMatches + ` AND lease_until > SYSUTCDATETIME()`
 WHERE ` + publishWhere
 
 	// tmplPublish and tmplPublishAndRelease (resource, owner, generation, epoch, payload,
-	// source_version, op_id) store the publication and record the operation id as accepted in
-	// one transaction, and answer how many rows were published (1 or 0) before it commits: an
-	// error reported after that row, the COMMIT's included, means it was all rolled back.
+	// source_version, op_id) lock the row, then the operation id, then store the publication
+	// and record the id as accepted, in one transaction; they answer how many rows were
+	// published (1 or 0) before it commits: an error reported after that row, the COMMIT's
+	// included, means it was all rolled back.
 	tmplPublish           = publishBegin + tmplPublishUpdate + publishEnd
 	tmplPublishAndRelease = publishBegin + tmplPublishAndReleaseUpdate + publishEnd
 
-	publishBegin = autocommit + writes + `DECLARE @rows INT;
-BEGIN TRANSACTION;
-`
+	publishBegin = autocommit + writes + incarnationOK + `DECLARE @rows INT;
+` + lockRow + operationAbsent
 	publishEnd = `;
 SELECT @rows = @@ROWCOUNT;
 IF @rows = 1
@@ -142,7 +214,9 @@ SELECT @rows AS published;
 COMMIT TRANSACTION;`
 
 	// tmplRelease (resource, owner, generation, epoch) answers a row when it freed the lease.
-	tmplRelease = autocommit + writes + `UPDATE {resources}
+	// It judges no expiry (releasing an expired lease changes nothing another could hold), so it
+	// needs no lock before its UPDATE.
+	tmplRelease = autocommit + writes + incarnationOK + `UPDATE {resources}
 SET lease_owner = NULL, lease_until = NULL
 OUTPUT inserted.generation
 WHERE ` + leaseMatches
@@ -165,42 +239,55 @@ FROM {resources} WHERE resource = @resource`
 	// publication with this id wait for the commit and then refuse, or makes this insert wait
 	// for the publication's commit and then find it.
 	tmplResolve = autocommit + writes + `BEGIN TRANSACTION;
-INSERT INTO {operations} (op_id, outcome, recorded_at)
+` + operationAbsent + `INSERT INTO {operations} (op_id, outcome, recorded_at)
 SELECT @op_id, 'aborted', SYSUTCDATETIME()
-WHERE ` + operationAbsent + `;
+WHERE @absent = 1;
 SELECT ` + operationColumns + ` FROM {operations} WHERE op_id = @op_id;
 COMMIT TRANSACTION;`
 
 	// tmplReadOperation (op_id) records nothing.
 	tmplReadOperation = autocommit + `SELECT ` + operationColumns + ` FROM {operations} WHERE op_id = @op_id`
 
-	// tmplBumpEpoch () advances the epoch and frees every lease in one transaction, fenced_meta
-	// first (see currentEpoch for why that order), and answers the new epoch.
-	tmplBumpEpoch = autocommit + writes + `DECLARE @new_epoch BIGINT;
+	// tmplBumpEpoch () advances the epoch to max(epoch + 1, clockEpoch), records the database's
+	// current incarnation and frees every lease, in one transaction, fenced_meta first (see
+	// currentEpoch for why that order), and answers the new epoch. It refuses (51802) to record
+	// an incarnation it cannot read.
+	tmplBumpEpoch = autocommit + writes + incarnationVisible + `DECLARE @new_epoch BIGINT;
 BEGIN TRANSACTION;
-UPDATE {meta} SET @new_epoch = epoch = epoch + 1 WHERE id = 1;
+UPDATE {meta} SET @new_epoch = epoch = CASE WHEN epoch + 1 > ` + clockEpoch + ` THEN epoch + 1 ELSE ` + clockEpoch + ` END,
+    ` + recordIncarnation + `
+WHERE id = 1;
 UPDATE {resources} SET lease_owner = NULL, lease_until = NULL WHERE lease_owner IS NOT NULL;
 SELECT @new_epoch AS epoch;
 COMMIT TRANSACTION;`
 
 	// tmplPrune (age_s, age_us) deletes the records older than engine-now - age, the age
-	// split as TTLs are (see splitTTL), and answers how many.
-	tmplPrune = autocommit + writes + `DECLARE @deleted BIGINT;
-BEGIN TRANSACTION;
-DELETE FROM {operations}
-WHERE recorded_at < DATEADD(second, -@age_s, DATEADD(microsecond, -@age_us, SYSUTCDATETIME()));
-SELECT @deleted = ROWCOUNT_BIG();
-SELECT @deleted AS deleted;
-COMMIT TRANSACTION;`
+	// split as TTLs are (see splitTTL), pruneBatch rows per DELETE, each its own autocommit
+	// transaction, and answers how many in all. A single DELETE of many rows would take more
+	// than 5,000 locks and escalate to a lock on the whole table
+	// (https://learn.microsoft.com/sql/relational-databases/sql-server-transaction-locking-and-row-versioning-guide#lock-escalation),
+	// stalling every publication and Resolve until it commits; a batch takes one key lock per
+	// row in each of the table's two indexes, well below that. An error ends the batch with the
+	// earlier DELETEs committed: the driver never reports a failed prune as not applied.
+	tmplPrune = autocommit + writes + `DECLARE @deleted BIGINT = 0, @n INT = 1;
+DECLARE @cutoff DATETIME2(7) = DATEADD(second, -@age_s, DATEADD(microsecond, -@age_us, SYSUTCDATETIME()));
+WHILE @n > 0
+BEGIN
+    DELETE TOP (` + pruneBatchText + `) FROM {operations} WHERE recorded_at < @cutoff;
+    SET @n = @@ROWCOUNT;
+    SET @deleted = @deleted + @n;
+END;
+SELECT @deleted AS deleted;`
 
 	// sqlDurability reads the current database's delayed durability setting. The database a
 	// session is connected to is always visible in sys.databases, whatever its permissions.
 	sqlDurability = `SELECT delayed_durability_desc FROM sys.databases WHERE database_id = DB_ID()`
+)
 
-	// sqlPrivileges (table, procedure) tells whether this login may update the resources table
-	// (HAS_PERMS_BY_NAME counts DENY and role memberships) and whether the protocol's
-	// procedures are installed. See Driver.detect.
-	sqlPrivileges = `SELECT HAS_PERMS_BY_NAME(@table, 'OBJECT', 'UPDATE'), OBJECT_ID(@procedure, 'P')`
+// pruneBatch is how many records one DELETE of tmplPrune removes (pruneBatchText in the SQL).
+const (
+	pruneBatch     = 1000
+	pruneBatchText = "1000"
 )
 
 // Migration statements. They run in one transaction; see Driver.Migrate.
@@ -230,10 +317,29 @@ END`
 
 	// tmplRecordMigration (version).
 	tmplRecordMigration = `INSERT INTO {migrations} (version, applied_at) VALUES (@version, SYSUTCDATETIME())`
+
+	// tmplRecordIncarnation runs, in its own batch, after a Migrate that applied a migration:
+	// the first time (no incarnation recorded yet, so on a new store and on the upgrade that
+	// added the columns) it records the database's incarnation and raises the epoch to the
+	// engine's clock (clockEpoch), so that a store created from nothing issues tokens above
+	// those of any store it replaces. Raising the epoch frees no lease: a held lease keeps the
+	// epoch it was issued with, and every later acquisition carries a greater one. It never
+	// overwrites a recorded incarnation: after a restore, only BumpEpoch accepts the new one.
+	// A login that applies no migration (a granted role) never runs it.
+	tmplRecordIncarnation = incarnationVisible + `UPDATE {meta}
+SET epoch = CASE WHEN epoch < ` + clockEpoch + ` THEN ` + clockEpoch + ` ELSE epoch END,
+    ` + recordIncarnation + `
+WHERE id = 1 AND recovery_fork_guid IS NULL`
+
+	// tmplStaleProcedures (no parameters; the list is built by newStatements) answers the
+	// operations whose procedure is missing or lacks its fingerprint (see fingerprint).
+	// OBJECT_DEFINITION is visible to the procedures' owner and to a role that Grant gave VIEW
+	// DEFINITION on the schema.
+	tmplStaleProcedures = `SELECT n FROM (VALUES {list}) AS p (n, name, fp)
+WHERE CHARINDEX(fp, COALESCE(OBJECT_DEFINITION(OBJECT_ID(name, N'P')), N'')) = 0`
 )
 
-// op names one protocol operation: a statement the driver sends, and the procedure Grant
-// creates from that same statement.
+// op names one protocol operation, and the procedure that runs it.
 type op int
 
 const (
@@ -252,7 +358,7 @@ const (
 	numOps
 )
 
-// routine is one operation's statement and the parameters it takes, as a procedure declares
+// routine is one operation's statement and the parameters it takes, as its procedure declares
 // them. Strings are NVARCHAR(4000), wider than any column they are compared with, so that a
 // procedure never truncates an argument into another row's key.
 type routine struct {
@@ -268,8 +374,8 @@ const (
 	pPublish  = pLease + ", @payload VARBINARY(MAX), @source_version BIGINT, @op_id NVARCHAR(4000)"
 )
 
-// routines is the one place that pairs each operation with its SQL: the driver sends text
-// as it is (or calls the procedure), and Grant installs text as the procedure's body.
+// routines is the one place that pairs each operation with its SQL: Migrate installs text as
+// the body of the operation's procedure, and the driver calls that procedure.
 var routines = [numOps]routine{
 	opProvision:         {"fenced_provision", tmplProvision, pResource},
 	opAcquire:           {"fenced_acquire", tmplAcquire, pResource + ", @owner NVARCHAR(4000), " + pTTL},
@@ -295,18 +401,19 @@ var tables = []struct{ placeholder, name string }{
 
 // statements are one driver's statements with its schema's table names filled in.
 type statements struct {
-	// text is each operation's batch, sent with named parameters (sp_executesql).
+	// text is each operation's batch: the body of its procedure.
 	text [numOps]string
 	// procedure is each operation's procedure, schema-qualified and quoted; the driver calls
-	// it by name (an RPC with the same named parameters) when it runs as a role that Grant
-	// set up. See Driver.detect.
+	// it by name (an RPC with named parameters).
 	procedure [numOps]string
-	// create is each procedure's CREATE OR ALTER, its body text[op].
+	// create is each procedure's CREATE OR ALTER, its body text[op] and its fingerprint.
 	create [numOps]string
+	// fingerprint identifies create[op]'s text (see fingerprint).
+	fingerprint [numOps]string
 
 	acquireUpdate                                    string // the raw baseline's acquisition
 	createMigrations, schemaVersion, recordMigration string
-	resourcesTable, acquireProcedure                 string // for sqlPrivileges
+	recordIncarnation, staleProcedures               string
 	// table is each table's qualified, quoted name, by its unquoted name.
 	table map[string]string
 	// names fills the table names into another text (a migration).
@@ -322,29 +429,44 @@ func newStatements(schema string) statements {
 		s.table[t.name] = q + quoteName(t.name)
 	}
 	r := strings.NewReplacer(pairs...)
+	var list []string
 	for o, rt := range routines {
 		s.text[o] = r.Replace(rt.text)
 		s.procedure[o] = q + quoteName(rt.procedure)
-		s.create[o] = createProcedure(s.procedure[o], rt.params, s.text[o])
+		s.create[o], s.fingerprint[o] = createProcedure(s.procedure[o], rt.params, s.text[o])
+		// The names are validated identifiers and the fingerprints hex: nothing to escape
+		// but the quote, doubled as a second guard.
+		list = append(list, fmt.Sprintf("(%d, N'%s', N'%s')", o,
+			strings.ReplaceAll(s.procedure[o], "'", "''"), s.fingerprint[o]))
 	}
 	s.acquireUpdate = r.Replace(tmplAcquireUpdate)
 	s.createMigrations = r.Replace(tmplCreateMigrations)
 	s.schemaVersion = r.Replace(tmplSchemaVersion)
 	s.recordMigration = r.Replace(tmplRecordMigration)
-	s.resourcesTable = s.table["fenced_resources"]
-	s.acquireProcedure = s.procedure[opAcquire]
+	s.recordIncarnation = r.Replace(tmplRecordIncarnation)
+	s.staleProcedures = strings.Replace(tmplStaleProcedures, "{list}", strings.Join(list, ", "), 1)
 	s.names = r
 	return s
 }
 
-// createProcedure is the CREATE OR ALTER PROCEDURE batch for one operation. The body is the
-// driver's own statement: SET options made in a procedure revert when it returns. There is no
-// EXECUTE AS: the procedures rely on ownership chaining (see grant.go).
-func createProcedure(name, params, body string) string {
+// createProcedure is the CREATE OR ALTER PROCEDURE batch for one operation, and the
+// fingerprint written into it. The body is the driver's own statement: SET options made in a
+// procedure revert when it returns. There is no EXECUTE AS: the procedures rely on ownership
+// chaining (see grant.go).
+//
+// The fingerprint is a hash of the procedure's text, kept as a comment in its body, which SQL
+// Server stores with the procedure (OBJECT_DEFINITION returns it). Migrate looks for it to
+// tell a procedure this version of the package installed from a missing or older one, and
+// replaces only those: a login that may not alter the schema (a granted role) can run Migrate
+// as long as the owner already installed this version's procedures.
+func createProcedure(name, params, body string) (text, fp string) {
 	if params != "" {
 		params = "\n    " + params
 	}
-	return "CREATE OR ALTER PROCEDURE " + name + params + "\nAS\nBEGIN\n" + body + "\nEND"
+	head := "CREATE OR ALTER PROCEDURE " + name + params + "\nAS\nBEGIN\n"
+	sum := sha256.Sum256([]byte(head + body))
+	fp = "fenced:" + hex.EncodeToString(sum[:16])
+	return head + "-- " + fp + "\n" + body + "\nEND", fp
 }
 
 // quoteName brackets an identifier as QUOTENAME does, doubling any ']'. Schema and role names

@@ -1,41 +1,83 @@
 // Package sqlserver runs the fenced protocol on Microsoft SQL Server (2017 or later, or Azure
-// SQL Database) through database/sql and github.com/microsoft/go-mssqldb.
+// SQL Managed Instance) through database/sql and github.com/microsoft/go-mssqldb, opened with
+// the "sqlserver" driver name (sql.Open("sqlserver", ...), mssql.NewConnector, or Open): the
+// legacy "mssql" name rewrites the placeholders in query text, which breaks every call, and a
+// handle opened with it is refused (ErrLegacyDriver).
 //
 // This backend has not been run against a SQL Server in CI: no SQL Server can be installed
-// where the project's CI runs. Its statements' text and parameters are unit-tested without a
-// server; the conformance suite and the benchmarks run only when FENCED_TEST_SQLSERVER names
-// a server (see sqlserver_test.go).
+// where the project's CI runs. Its statements' text and parameters, its error classification
+// and the shape of its calls are unit-tested without a server; the conformance suite and the
+// benchmarks run only when FENCED_TEST_SQLSERVER names a server (see sqlserver_test.go).
 //
-// Every change is one batch that SQL Server evaluates: a conditional UPDATE whose WHERE clause
-// is the protocol's condition, judged against SYSUTCDATETIME(). Acquire and Renew return the
-// new token and expiry with OUTPUT in the same round trip (a refused Acquire reads the holder
-// in that round trip too, after the UPDATE has decided); Release answers its OUTPUT row.
-// Publish and PublishAndRelease run the UPDATE and the record of the operation id as accepted
-// in one transaction inside the batch; ResolveOperation records an unknown id as aborted and
-// reads the outcome in one; BumpEpoch advances fenced_meta's epoch and frees every lease in
-// one. An UPDATE takes an update lock on the row before it evaluates the condition, also
-// under READ_COMMITTED_SNAPSHOT, so concurrent operations on one resource are evaluated one
-// after another on the latest committed row. Each batch first turns NOCOUNT and
-// IMPLICIT_TRANSACTIONS off for itself, and each that writes turns XACT_ABORT on and pins READ
-// COMMITTED (see autocommit and writes in sql.go). The tables must have no triggers: SQL
-// Server refuses OUTPUT without INTO on a table with enabled triggers.
+// # Procedures
 //
-// Outcomes: a writing batch runs on a connection the driver holds for it, so database/sql
-// never sends it again on another connection. An error is reported as driver.ErrNotApplied
-// only when the batch provably did not take effect - no connection could be had, go-mssqldb
-// failed before or while writing the request, or SQL Server answered with an error below
-// severity 20 (XACT_ABORT rolled the batch's transaction back); see notApplied. A connection
-// lost while reading the reply is an unknown outcome.
+// Every operation is one procedure that Migrate installs in the driver's schema (CREATE OR
+// ALTER, only where the installed one is missing or differs; see createProcedure), and the
+// driver calls it by name. A procedure's parameters have fixed types, so SQL Server keeps one
+// plan per operation; a batch sent with sp_executesql would declare NVARCHAR(n) and
+// VARBINARY(n) sized to each call's values and compile a plan for nearly every publication.
+// Grant lets a role execute the same procedures and nothing else.
 //
-// Grant installs the operations as procedures, their bodies the driver's own statements, and
-// limits a role to executing them; a driver connected as that role finds this out by itself
-// and calls the procedures (see Grant and Driver.statement).
+// # Statements
 //
-// SYSUTCDATETIME() is read when a statement starts. A statement that then waits on a row lock
-// judges expiry by that earlier instant: a publication or renewal that waited while its lease
-// ran out can still be accepted, as of the moment it started, provided nobody acquired the
-// resource in between (an acquisition changes the generation, and the waiting statement sees
-// it). Keep the trust window's safety margin larger than the lock waits you expect.
+// Every change is one procedure that SQL Server evaluates: a conditional UPDATE whose WHERE
+// clause is the protocol's condition, judged against SYSUTCDATETIME(). Acquire and Renew
+// return the new token and expiry with OUTPUT in the same round trip (a refused Acquire reads
+// the holder in that round trip too, after the UPDATE has decided); Release answers its OUTPUT
+// row. Publish and PublishAndRelease run the UPDATE and the record of the operation id as
+// accepted in one transaction; ResolveOperation records an unknown id as aborted and reads the
+// outcome in one; BumpEpoch advances fenced_meta's epoch and frees every lease in one. Each
+// procedure first turns NOCOUNT and IMPLICIT_TRANSACTIONS off for itself, and each that writes
+// turns XACT_ABORT on and pins READ COMMITTED (see autocommit and writes in sql.go). The
+// tables must have no triggers: SQL Server refuses OUTPUT without INTO on a table with enabled
+// triggers.
+//
+// SYSUTCDATETIME() is read once per statement, when the statement starts, and a statement can
+// then wait on a row lock for as long as the holder keeps it. So Acquire, Renew, Publish and
+// PublishAndRelease first lock the resource's row (UPDLOCK, ROWLOCK), and a publication then
+// its operation id, in the transaction that then runs the conditional UPDATE: that UPDATE
+// starts, and reads the clock, once the locks are held, so a renewal never revives a lease
+// that expired while it waited and a publication is never accepted after its lease ended.
+//
+// The operation id's key-range lock (UPDLOCK, HOLDLOCK on an id that has no row yet) also
+// covers the neighbouring ids in the index, so publications whose ids fall into one gap of
+// fenced_operations wait for each other: on an empty table, all publications of the whole
+// store run one after another for the few statements that follow. How much this costs under
+// load has not been measured (no server here); BenchmarkProtocol measures it once one is.
+//
+// # Incarnation
+//
+// fenced_meta records the database's incarnation (recovery_fork_guid and database_guid from
+// sys.database_recovery_status) when Migrate creates the store and at every BumpEpoch.
+// Acquire, Renew, Publish, PublishAndRelease and Release compare it with the database's
+// before they lock anything and fail with driver.ErrIncarnationChanged (error 51801) until
+// BumpEpoch records the new one: after a restore as a new database, or one recovered at a
+// point other than the end of its log, no lease issued in the lost history can be used and
+// none is issued under the old epoch. Not detected: a restore that is rolled forward through
+// every log backup to the end of the log (nothing acknowledged is lost), and files copied and
+// attached in place of the database (same database_guid). Availability groups: the
+// documentation does not say whether a failover changes either GUID, and this was not tried on
+// a server. If it does not, a forced failover that lost acknowledged commits goes unnoticed;
+// if it does (a secondary is seeded by a restore, which may give it a database_guid of its
+// own), every failover, planned or not, stops lease operations until BumpEpoch. Either way,
+// bump the epoch after a forced failover. Reading the row needs the
+// database's ownership or VIEW ANY DATABASE (granted to public by default); a login without
+// it gets error 51802 naming the permission, also as a granted role, since ownership chaining
+// does not extend to catalog views.
+//
+// # Outcomes
+//
+// A call runs on a connection the driver holds for it, so database/sql never sends it again on
+// another connection, and the driver discards that connection after any error: a compile
+// error (208, 207 after a schema change) is not covered by XACT_ABORT and leaves the
+// procedure's transaction open, with its row locks held, on the connection; closing it makes
+// SQL Server roll that transaction back. An error is reported as driver.ErrNotApplied only
+// when the call provably did not take effect - no connection could be had, go-mssqldb or
+// database/sql failed before anything was written, or SQL Server answered with an error that
+// has a number and a severity from 11 to 19 (XACT_ABORT rolled the transaction back, or the
+// discarded connection's open transaction is rolled back); see notApplied. A connection lost
+// while reading the reply is an unknown outcome, and so is an error without a number, which
+// go-mssqldb synthesizes when the server flagged an error and sent none.
 //
 // Resource names are NVARCHAR with a binary collation, compared code point by code point;
 // owners likewise. SQL Server ignores trailing spaces when it compares NVARCHAR values, so
@@ -61,10 +103,10 @@ import (
 	"sort"
 	"strconv"
 	"strings"
-	"sync/atomic"
 	"time"
 
 	mssql "github.com/microsoft/go-mssqldb"
+	"github.com/microsoft/go-mssqldb/msdsn"
 
 	"github.com/fenced-dev/fenced/driver"
 )
@@ -80,6 +122,17 @@ var ErrRolledBack = errors.New("rolled back by SQL Server")
 // ErrTrailingSpace is returned for a resource name that ends in a space, which SQL Server
 // would not tell apart from the name without it. Nothing was sent to the database.
 var ErrTrailingSpace = errors.New("resource names that end in a space are not supported by the SQL Server backend")
+
+// ErrLegacyDriver is returned for a handle opened with go-mssqldb's deprecated "mssql" driver
+// name, which rewrites "?" and "$n" in query text into parameters and then fails every call
+// that passes named ones ("sql: expected 0 arguments") before anything is sent. Open the
+// handle with sql.Open("sqlserver", ...) or mssql.NewConnector instead.
+var ErrLegacyDriver = errors.New(`the SQL Server backend needs a handle opened with the "sqlserver" driver name, not the legacy "mssql"`)
+
+// legacyDriver is the driver instance behind the "mssql" name (and behind
+// NewConnectorWithProcessQueryText, which does the same rewriting), for comparison with a
+// handle's: go-mssqldb registers two instances of one type, told apart only by identity.
+var legacyDriver = mssql.NewConnectorWithProcessQueryText(msdsn.Config{}).Driver()
 
 const (
 	// DefaultSchema is Config.Schema when it is empty.
@@ -125,21 +178,23 @@ func (c Config) validate() error {
 
 // Driver is the SQL Server backend. It is safe for concurrent use by multiple goroutines.
 type Driver struct {
-	db     *sql.DB
-	owned  bool
-	schema string
-	sql    statements
-	mode   atomic.Int32 // modeUnknown until detect has an answer
+	db      *sql.DB
+	owned   bool
+	schema  string
+	sql     statements
+	refused error // why this handle cannot be used (New cannot return it); nil when it can
 }
 
 var _ driver.Driver = (*Driver)(nil)
 
-// New returns a driver over a handle the caller opened (with go-mssqldb) and keeps ownership
-// of, with the tables in schema dbo.
+// New returns a driver over a handle the caller opened with go-mssqldb's "sqlserver" driver
+// name and keeps ownership of, with the tables in schema dbo. Over a handle opened with the
+// legacy "mssql" name, every method returns ErrLegacyDriver and sends nothing;
+// NewWithConfig returns that error at once.
 func New(db *sql.DB) *Driver {
 	d, err := NewWithConfig(db, nil)
 	if err != nil {
-		panic(err) // unreachable: the defaults are valid
+		return &Driver{db: db, schema: DefaultSchema, sql: newStatements(DefaultSchema), refused: err}
 	}
 	return d
 }
@@ -149,6 +204,9 @@ func NewWithConfig(db *sql.DB, cfg *Config) (*Driver, error) {
 	c, err := cfg.withDefaults()
 	if err != nil {
 		return nil, err
+	}
+	if db.Driver() == legacyDriver {
+		return nil, fmt.Errorf("new sqlserver driver: %w", ErrLegacyDriver)
 	}
 	return &Driver{db: db, schema: c.Schema, sql: newStatements(c.Schema)}, nil
 }
@@ -216,19 +274,19 @@ func (d *Driver) Close() error {
 	return nil
 }
 
-// Migrate applies the embedded migrations that have not run yet, in one transaction that
-// first takes an exclusive application lock (sp_getapplock, owned by the transaction). DDL is
-// transactional in SQL Server, so concurrent Migrate calls run one after another, the second
-// finding the first's version rows, and a failure leaves no half-applied migration behind.
-//
-// It then asks once whether this login writes the tables or calls Grant's procedures (see
-// statement), so that the store's first operation does not have to.
+// Migrate applies the embedded migrations that have not run yet and installs the procedures
+// that are missing or differ from this version's, in one transaction that first takes an
+// exclusive application lock (sp_getapplock, owned by the transaction). DDL is transactional
+// in SQL Server, so concurrent Migrate calls run one after another, the second finding the
+// first's version rows and procedures, and a failure leaves nothing half-applied behind. When
+// it applied a migration, it records the database's incarnation if none is recorded yet (see
+// tmplRecordIncarnation). A login that may not alter the schema (a role Grant set up) can run
+// it once the owner has run this version's Migrate: it then finds nothing to do.
 func (d *Driver) Migrate(ctx context.Context) error {
-	if err := retry(ctx, func() error { return d.migrate(ctx) }); err != nil {
-		return err
+	if d.refused != nil {
+		return d.refused
 	}
-	d.detect(ctx)
-	return nil
+	return retry(ctx, func() error { return d.migrate(ctx) })
 }
 
 func (d *Driver) migrate(ctx context.Context) (err error) {
@@ -265,6 +323,7 @@ func (d *Driver) migrate(ctx context.Context) (err error) {
 	if err := tx.QueryRowContext(ctx, d.sql.schemaVersion).Scan(&current); err != nil {
 		return translate("read schema version", err)
 	}
+	applied := false
 	for _, name := range names {
 		version, err := strconv.Atoi(strings.SplitN(strings.TrimPrefix(name, "migrations/"), "_", 2)[0])
 		if err != nil {
@@ -283,6 +342,15 @@ func (d *Driver) migrate(ctx context.Context) (err error) {
 		if _, err := tx.ExecContext(ctx, d.sql.recordMigration, sql.Named("version", int32(version))); err != nil {
 			return translate("record migration "+name, err)
 		}
+		applied = true
+	}
+	if applied {
+		if _, err := tx.ExecContext(ctx, d.sql.recordIncarnation); err != nil {
+			return translate("record incarnation", err)
+		}
+	}
+	if err := d.installProcedures(ctx, tx); err != nil {
+		return err
 	}
 	if err := tx.Commit(); err != nil {
 		return translate("commit migration", err)
@@ -529,6 +597,9 @@ var _ driver.DurabilityChecker = (*Driver)(nil)
 // When the setting cannot be read it returns the error; the store decides what not knowing
 // means (only a strict store refuses to open).
 func (d *Driver) CheckDurability(ctx context.Context) ([]string, error) {
+	if d.refused != nil {
+		return nil, d.refused
+	}
 	var setting string
 	if err := d.db.QueryRowContext(ctx, sqlDurability).Scan(&setting); err != nil {
 		return nil, fmt.Errorf("read delayed durability: %w", err)
@@ -539,71 +610,67 @@ func (d *Driver) CheckDurability(ctx context.Context) ([]string, error) {
 	return []string{fmt.Sprintf("SQL Server DELAYED_DURABILITY is %s, not DISABLED: a crash can lose commits that were acknowledged", setting)}, nil
 }
 
-// Modes of a driver: whether it sends its statements or calls the procedures Grant installed.
-const (
-	modeUnknown int32 = iota
-	modeDirect
-	modeProcedures
-)
-
-// statement returns what to send for o: the batch itself, or the name of its procedure when
-// this login may not update fenced's tables and the procedures are installed, which is how
-// a login that Grant set up finds itself. Nothing needs configuring: the first operation (or
-// Migrate) asks the server once; the answer is kept when it is conclusive.
-func (d *Driver) statement(ctx context.Context, o op) (string, error) {
-	if d.detect(ctx) == modeProcedures {
-		return d.sql.procedure[o], nil
+// installProcedures creates or alters, in tx, the procedures that are missing or lack this
+// version's fingerprint (see createProcedure). CREATE PROCEDURE must be the first statement
+// of its batch: one batch each.
+func (d *Driver) installProcedures(ctx context.Context, tx *sql.Tx) error {
+	stale, err := queryAll(ctx, tx, d.sql.staleProcedures, nil, scanInt)
+	if err != nil {
+		return translate("find procedures to install", err)
 	}
-	return d.sql.text[o], nil
+	for _, o := range stale {
+		if o < 0 || o >= int64(numOps) {
+			return fmt.Errorf("find procedures to install: unknown operation %d", o)
+		}
+		if _, err := tx.ExecContext(ctx, d.sql.create[o]); err != nil {
+			return translate("create procedure "+routines[o].procedure, err)
+		}
+	}
+	return nil
 }
 
-// detect decides the mode. When the privileges cannot be read it answers direct without
-// keeping it: the statement itself then fails and says why.
-func (d *Driver) detect(ctx context.Context) int32 {
-	if m := d.mode.Load(); m != modeUnknown {
-		return m
-	}
-	var canUpdate, procedure sql.NullInt64
-	err := d.db.QueryRowContext(ctx, sqlPrivileges, sql.Named("table", d.sql.resourcesTable),
-		sql.Named("procedure", d.sql.acquireProcedure)).Scan(&canUpdate, &procedure)
-	switch {
-	case err != nil:
-		return modeDirect
-	case canUpdate.Valid && canUpdate.Int64 == 1:
-		d.mode.Store(modeDirect)
-	case procedure.Valid:
-		d.mode.Store(modeProcedures)
-	default: // neither: not migrated yet, or not granted yet
-		return modeDirect
-	}
-	return d.mode.Load()
-}
-
-// mutate runs one operation's batch or procedure on a connection of its own and reads its
-// whole reply. Holding the connection ourselves keeps database/sql from running the batch
-// again on another connection after a connection error (its retry on driver.ErrBadConn), and
-// tells the errors of getting a connection (nothing was sent) from those of the request.
-// Every error is classified by translate. Reads go through it too, for the same reading of
+// mutate calls one operation's procedure on a connection of its own and reads its whole
+// reply. Holding the connection ourselves keeps database/sql from running the call again on
+// another connection after a connection error (its retry on driver.ErrBadConn), tells the
+// errors of getting a connection (nothing was sent) from those of the request, and lets us
+// discard the connection after an error (see discard). Every error is classified by
+// translate, a prune's by translatePartial. Reads go through it too, for the same reading of
 // the reply; their classification does not matter.
 func mutate[T any](ctx context.Context, d *Driver, what string, o op, args []any, scan func(*sql.Rows) (T, error)) ([]T, error) {
+	if d.refused != nil {
+		return nil, driver.NotApplied(fmt.Errorf("%s: %w", what, d.refused))
+	}
 	var out []T
 	err := retry(ctx, func() error {
-		query, err := d.statement(ctx, o)
-		if err != nil {
-			return err
-		}
 		conn, err := d.db.Conn(ctx)
 		if err != nil {
 			return driver.NotApplied(fmt.Errorf("get connection: %w", err))
 		}
 		defer conn.Close()
-		out, err = queryAll(ctx, conn, query, args, scan)
+		out, err = queryAll(ctx, conn, d.sql.procedure[o], args, scan)
+		if err != nil {
+			discard(conn)
+		}
 		return err
 	})
-	if err != nil {
-		return nil, translate(what, err)
+	switch {
+	case err == nil:
+		return out, nil
+	case o == opPrune:
+		return nil, translatePartial(what, err)
 	}
-	return out, nil
+	return nil, translate(what, err)
+}
+
+// discard closes conn's physical connection instead of returning it to the pool. XACT_ABORT
+// does not cover compile errors - a table or column missing when a statement is (re)compiled
+// (208, 207): the procedure stops with its transaction open and its locks held (https://learn.microsoft.com/sql/t-sql/statements/set-xact-abort-transact-sql).
+// A pooled connection would keep them until it was next used, and its next call would run
+// inside that transaction. Closing the connection makes SQL Server roll the transaction back.
+// database/sql closes a connection whose Raw function returns driver.ErrBadConn (Conn.Raw
+// releases it with that error, and the pool drops a connection released so).
+func discard(conn *sql.Conn) {
+	_ = conn.Raw(func(any) error { return sqldriver.ErrBadConn })
 }
 
 func scanNothing(*sql.Rows) (struct{}, error) { return struct{}{}, nil }
@@ -695,14 +762,18 @@ func duplicateKey(err error) bool {
 }
 
 // translate is the one place that turns a database/sql or go-mssqldb error into the driver's.
-// It marks the error driver.ErrNotApplied only when the batch certainly did not take effect
-// (see notApplied); a rollback SQL Server chose also matches ErrRolledBack. Anything else may
-// have happened and stays a plain error, which the core reports as an unknown outcome. A
-// driver error never becomes a refusal or busy.
+// It marks the error driver.ErrNotApplied only when the call certainly did not take effect
+// (see notApplied); a rollback SQL Server chose also matches ErrRolledBack, and the
+// incarnation check's error matches driver.ErrIncarnationChanged. Anything else may have
+// happened and stays a plain error, which the core reports as an unknown outcome. A driver
+// error never becomes a refusal or busy.
 func translate(what string, err error) error {
 	wrapped := fmt.Errorf("%s: %w", what, err)
 	if rolledBack(err) {
 		wrapped = fmt.Errorf("%s: %w: %w", what, ErrRolledBack, err)
+	}
+	if e, ok := sqlError(err); ok && e.Number == errIncarnationChanged {
+		wrapped = fmt.Errorf("%s: %w: %w", what, driver.ErrIncarnationChanged, err)
 	}
 	if notApplied(err) {
 		return driver.NotApplied(wrapped)
@@ -710,24 +781,39 @@ func translate(what string, err error) error {
 	return wrapped
 }
 
-// notApplied reports whether err proves that the batch did not take effect:
+// translatePartial is translate for a call that commits as it goes (PruneOperations): an
+// error never says that nothing happened, only a failure to get a connection does.
+func translatePartial(what string, err error) error {
+	if errors.Is(err, driver.ErrNotApplied) {
+		return fmt.Errorf("%s: %w", what, err)
+	}
+	return fmt.Errorf("%s: some records may have been deleted: %w", what, err)
+}
+
+// notApplied reports whether err proves that the call did not take effect:
 //   - it was marked so where that was known: no connection could be had (dial, login, a
 //     context ended before anything was sent);
+//   - database/sql refused the arguments before handing anything to go-mssqldb (argumentError);
 //   - driver.ErrBadConn: go-mssqldb returns it, bare, only from the connectionGood check
 //     before it writes anything (mssql.go, Stmt.queryContext and Conn.BeginTx in v1.11.2), and
 //     as RetryableError only when writing the request failed (sendQuery's error passed to
 //     checkBadConn with mayRetry): SQL Server runs a request only once its last packet has
 //     arrived whole, and the write of that packet is what failed;
-//   - a SQL Server error (mssql.Error) of severity below 20: every writing batch runs with
-//     XACT_ABORT ON and keeps its work inside one transaction (or is one autocommit
-//     statement), so an error reply means that work was rolled back. Severity 20 and above
-//     (and go-mssqldb's ServerError, DONE_SRVERROR) are fatal errors that end the connection,
-//     possibly around a commit: unknown.
+//   - a SQL Server error (mssql.Error) that the server reported with a number, every one of
+//     its errors numbered and of severity 11 to 19: every writing procedure runs with
+//     XACT_ABORT ON and keeps its work inside one transaction (or is one statement), so a
+//     run-time error rolled that work back, and a compile error left the transaction open on a
+//     connection that mutate then discards, which rolls it back. Severity 20 and above (and
+//     go-mssqldb's ServerError, DONE_SRVERROR) are fatal errors that end the connection,
+//     possibly around a commit: unknown. So is an error numbered 0: go-mssqldb makes one up
+//     ("Request failed but didn't provide reason", token.go doneStruct.getError) when the
+//     server flagged an error in its DONE token without sending the error itself, and then
+//     nothing says what happened.
 //
 // A lost connection while reading the reply (io.EOF, *net.OpError, StreamError) or a context
 // that ended after sending is unknown.
 func notApplied(err error) bool {
-	if errors.Is(err, driver.ErrNotApplied) {
+	if errors.Is(err, driver.ErrNotApplied) || argumentError(err) {
 		return true
 	}
 	var fatal mssql.ServerError
@@ -735,9 +821,37 @@ func notApplied(err error) bool {
 		return false
 	}
 	if e, ok := sqlError(err); ok {
-		return maxClass(e) < 20
+		return numbered(e) && maxClass(e) >= 11 && maxClass(e) < 20
 	}
 	return errors.Is(err, sqldriver.ErrBadConn)
+}
+
+// argumentError reports database/sql's own refusal of a call's arguments, which it makes
+// before the driver sees the call (database/sql convert.go, driverArgsConnLocked: "sql:
+// expected %d arguments, got %d" and "sql: converting argument %s type: %w"). database/sql
+// exports no type for them, so they are recognised by their text, at the head of the chain
+// where database/sql puts them.
+func argumentError(err error) bool {
+	for ; err != nil; err = errors.Unwrap(err) {
+		if m := err.Error(); strings.HasPrefix(m, "sql: expected ") && strings.Contains(m, " arguments, got ") ||
+			strings.HasPrefix(m, "sql: converting argument ") {
+			return true
+		}
+	}
+	return false
+}
+
+// numbered reports whether e and every error reported with it carry an error number.
+func numbered(e mssql.Error) bool {
+	if e.Number <= 0 {
+		return false
+	}
+	for _, a := range e.All {
+		if a.Number <= 0 {
+			return false
+		}
+	}
+	return true
 }
 
 // maxClass is the highest severity among the errors the server reported with e.
