@@ -5,6 +5,7 @@ import (
 	sqldriver "database/sql/driver"
 	"errors"
 	"fmt"
+	"io/fs"
 	"reflect"
 	"strings"
 	"testing"
@@ -43,13 +44,10 @@ func wantCall(t *testing.T, got call, kind, query string, args ...arg) {
 	}
 }
 
-// newTestDriver returns a driver that sends its statements directly, as a login that may
-// write the tables does, without asking the server first (see TestModeDetection).
+// newTestDriver returns a driver over the recording stub.
 func newTestDriver(t *testing.T, replies ...reply) (*Driver, *recorder) {
 	rec, db := newRecorder(t, replies...)
-	d := New(db)
-	d.mode.Store(modeDirect)
-	return d, rec
+	return New(db), rec
 }
 
 func ctxT(t *testing.T) context.Context {
@@ -76,7 +74,7 @@ func TestAcquireSendsItsParameters(t *testing.T) {
 	if len(calls) != 1 {
 		t.Fatalf("%d calls", len(calls))
 	}
-	wantCall(t, calls[0], "query", d.sql.text[opAcquire],
+	wantCall(t, calls[0], "query", d.sql.procedure[opAcquire],
 		arg{"resource", "jobs/é"}, arg{"owner", "OWNER1"}, arg{"ttl_s", int32(5400)}, arg{"ttl_us", int32(1500)})
 }
 
@@ -161,7 +159,7 @@ func TestRenewSendsItsParameters(t *testing.T) {
 		t.Fatalf("renew with no row back: ok %v, err %v; want refused", ok, err)
 	}
 	calls := rec.Calls()
-	wantCall(t, calls[0], "query", d.sql.text[opRenew], arg{"resource", "jobs/é"}, arg{"owner", "OWNER1"},
+	wantCall(t, calls[0], "query", d.sql.procedure[opRenew], arg{"resource", "jobs/é"}, arg{"owner", "OWNER1"},
 		arg{"generation", int64(7)}, arg{"epoch", int64(2)}, arg{"ttl_s", int32(2400)}, arg{"ttl_us", int32(0)})
 }
 
@@ -218,7 +216,7 @@ func TestPublishReleaseSendTheirParameters(t *testing.T) {
 				}
 			}
 			for _, c := range rec.Calls() {
-				wantCall(t, c, "query", d.sql.text[tt.op], tt.args...)
+				wantCall(t, c, "query", d.sql.procedure[tt.op], tt.args...)
 			}
 		})
 	}
@@ -266,11 +264,11 @@ func TestOperationsSendTheirParameters(t *testing.T) {
 		t.Fatalf("prune: %d, %v", n, err)
 	}
 	calls := rec.Calls()
-	wantCall(t, calls[0], "query", d.sql.text[opResolve], arg{"op_id", "op-1"})
-	wantCall(t, calls[1], "query", d.sql.text[opResolve], arg{"op_id", "op-2"})
-	wantCall(t, calls[3], "query", d.sql.text[opReadOperation], arg{"op_id", "op-4"})
-	wantCall(t, calls[4], "query", d.sql.text[opBumpEpoch])
-	wantCall(t, calls[5], "query", d.sql.text[opPrune], arg{"age_s", int32(129600)}, arg{"age_us", int32(250000)})
+	wantCall(t, calls[0], "query", d.sql.procedure[opResolve], arg{"op_id", "op-1"})
+	wantCall(t, calls[1], "query", d.sql.procedure[opResolve], arg{"op_id", "op-2"})
+	wantCall(t, calls[3], "query", d.sql.procedure[opReadOperation], arg{"op_id", "op-4"})
+	wantCall(t, calls[4], "query", d.sql.procedure[opBumpEpoch])
+	wantCall(t, calls[5], "query", d.sql.procedure[opPrune], arg{"age_s", int32(129600)}, arg{"age_us", int32(250000)})
 
 	d, rec = newTestDriver(t)
 	if _, err := d.PruneOperations(c, 0); err == nil {
@@ -313,9 +311,9 @@ func TestProvisionAndReadsSendTheResource(t *testing.T) {
 		t.Fatalf("read payload: %q %d %v", p, gen, err)
 	}
 	calls := rec.Calls()
-	wantCall(t, calls[0], "query", d.sql.text[opProvision], arg{"resource", "jobs/é"})
-	wantCall(t, calls[1], "query", d.sql.text[opRead], arg{"resource", "jobs/é"})
-	wantCall(t, calls[2], "query", d.sql.text[opReadPayload], arg{"resource", "jobs/é"})
+	wantCall(t, calls[0], "query", d.sql.procedure[opProvision], arg{"resource", "jobs/é"})
+	wantCall(t, calls[1], "query", d.sql.procedure[opRead], arg{"resource", "jobs/é"})
+	wantCall(t, calls[2], "query", d.sql.procedure[opReadPayload], arg{"resource", "jobs/é"})
 }
 
 func TestReadsOfAMissingRow(t *testing.T) {
@@ -343,8 +341,8 @@ func TestProvisionDuplicateKeyIsSuccess(t *testing.T) {
 }
 
 func TestRollbacksAreRetriedABoundedNumberOfTimes(t *testing.T) {
-	deadlock := reply{err: mssql.Error{Number: errDeadlockVictim, Message: "chosen as the deadlock victim"}}
-	conflict := reply{err: mssql.Error{Number: errUpdateConflict, Message: "update conflict"}}
+	deadlock := reply{err: mssql.Error{Number: errDeadlockVictim, Class: 13, Message: "chosen as the deadlock victim"}}
+	conflict := reply{err: mssql.Error{Number: errUpdateConflict, Class: 16, Message: "update conflict"}}
 
 	d, rec := newTestDriver(t, deadlock, conflict, outputRows(1))
 	if ok, err := d.Release(ctxT(t), lease); !ok || err != nil {
@@ -377,7 +375,7 @@ func TestRollbacksAreRetriedABoundedNumberOfTimes(t *testing.T) {
 	}
 
 	// Any other SQL Server error is reported at once, wrapped, and is not a rollback.
-	d, rec = newTestDriver(t, reply{err: mssql.Error{Number: 208, Message: "Invalid object name"}})
+	d, rec = newTestDriver(t, reply{err: mssql.Error{Number: 208, Class: 16, Message: "Invalid object name"}})
 	_, _, err = d.Renew(ctxT(t), lease, time.Minute)
 	if err == nil || errors.Is(err, ErrRolledBack) || !errors.As(err, &me) || me.Number != 208 {
 		t.Fatalf("renew: %v", err)
@@ -428,11 +426,24 @@ func TestMigrateRunsInOneLockedTransaction(t *testing.T) {
 	version := func(v int64) reply {
 		return reply{sets: []resultSet{{cols: []string{"v"}, rows: [][]sqldriver.Value{{v}}}}}
 	}
-	privileges := func(canUpdate, procedure any) reply {
-		return reply{sets: []resultSet{{cols: []string{"u", "p"}, rows: [][]sqldriver.Value{{canUpdate, procedure}}}}}
+	stale := func(ops ...op) reply {
+		var rows [][]sqldriver.Value
+		for _, o := range ops {
+			rows = append(rows, []sqldriver.Value{int64(o)})
+		}
+		return reply{sets: []resultSet{{cols: []string{"n"}, rows: rows}}}
 	}
-	rec, db := newRecorder(t, status(0), reply{}, reply{}, version(0), reply{}, reply{}, reply{}, reply{},
-		privileges(int64(1), nil))
+	var all []op
+	for o := range numOps {
+		all = append(all, o)
+	}
+	names, _ := fs.Glob(migrations, "migrations/*.sql")
+	replies := []reply{status(0), {}, {}, version(0)}
+	for range names {
+		replies = append(replies, reply{}, reply{})
+	}
+	replies = append(replies, reply{}, stale(all...))
+	rec, db := newRecorder(t, replies...)
 	d, err := NewWithConfig(db, &Config{Schema: "fenced_t"})
 	if err != nil {
 		t.Fatal(err)
@@ -440,40 +451,49 @@ func TestMigrateRunsInOneLockedTransaction(t *testing.T) {
 	if err := d.Migrate(ctxT(t)); err != nil {
 		t.Fatal(err)
 	}
-	body1, _ := migrations.ReadFile("migrations/0001_create_resources.sql")
-	body2, _ := migrations.ReadFile("migrations/0002_epochs_operations_sources.sql")
 	calls := rec.Calls()
-	if len(calls) != 11 {
-		t.Fatalf("%d calls: %+v", len(calls), calls)
+	if want := 5 + 2*len(names) + 2 + int(numOps) + 1; len(calls) != want {
+		t.Fatalf("%d calls, want %d: %+v", len(calls), want, calls)
 	}
 	wantCall(t, calls[0], "begin", "")
 	wantCall(t, calls[1], "query", sqlMigrationLock, arg{"lock", "fenced_migrate:fenced_t"}, arg{"timeout_ms", int32(60000)})
 	wantCall(t, calls[2], "exec", sqlCreateSchema, arg{"schema", "fenced_t"})
 	wantCall(t, calls[3], "exec", d.sql.createMigrations)
 	wantCall(t, calls[4], "query", d.sql.schemaVersion)
-	wantCall(t, calls[5], "exec", d.sql.names.Replace(string(body1)))
-	wantCall(t, calls[6], "exec", d.sql.recordMigration, arg{"version", int32(1)})
-	wantCall(t, calls[7], "exec", d.sql.names.Replace(string(body2)))
-	wantCall(t, calls[8], "exec", d.sql.recordMigration, arg{"version", int32(2)})
-	wantCall(t, calls[9], "commit", "")
-	// Then it asks once how to send statements.
-	wantCall(t, calls[10], "query", sqlPrivileges, arg{"table", "[fenced_t].[fenced_resources]"},
-		arg{"procedure", "[fenced_t].[fenced_acquire]"})
-	if d.mode.Load() != modeDirect {
-		t.Fatalf("mode %d after a login that may update the table migrated", d.mode.Load())
+	i := 5
+	for v, name := range names {
+		body, _ := migrations.ReadFile(name)
+		wantCall(t, calls[i], "exec", d.sql.names.Replace(string(body)))
+		wantCall(t, calls[i+1], "exec", d.sql.recordMigration, arg{"version", int32(v + 1)})
+		i += 2
 	}
+	// A migration was applied: the incarnation is recorded, in a batch of its own, and the
+	// procedures that are missing are installed, in the same transaction.
+	wantCall(t, calls[i], "exec", d.sql.recordIncarnation)
+	wantCall(t, calls[i+1], "query", d.sql.staleProcedures)
+	for o := range numOps {
+		wantCall(t, calls[i+2+int(o)], "exec", d.sql.create[o])
+	}
+	wantCall(t, calls[len(calls)-1], "commit", "")
 
-	// Up to date: nothing is applied.
-	rec, db = newRecorder(t, status(1), reply{}, reply{}, version(2), privileges(int64(0), int64(1234)))
+	// Up to date, as a granted role finds it: nothing is applied, recorded or installed.
+	rec, db = newRecorder(t, status(1), reply{}, reply{}, version(int64(len(names))), stale())
 	d = New(db)
 	if err := d.Migrate(ctxT(t)); err != nil {
 		t.Fatal(err)
 	}
-	if calls := rec.Calls(); len(calls) != 7 || calls[5].kind != "commit" {
+	if calls := rec.Calls(); len(calls) != 7 || calls[5].query != d.sql.staleProcedures || calls[6].kind != "commit" {
 		t.Fatalf("up to date: %+v", calls)
 	}
-	if d.mode.Load() != modeProcedures {
-		t.Fatalf("mode %d after a login that may not update the table migrated", d.mode.Load())
+
+	// Up to date but one procedure is from another version: only that one is replaced.
+	rec, db = newRecorder(t, status(1), reply{}, reply{}, version(int64(len(names))), stale(opRenew))
+	d = New(db)
+	if err := d.Migrate(ctxT(t)); err != nil {
+		t.Fatal(err)
+	}
+	if calls := rec.Calls(); len(calls) != 8 || calls[6].query != d.sql.create[opRenew] || calls[7].kind != "commit" {
+		t.Fatalf("one stale procedure: %+v", calls)
 	}
 
 	// The lock timed out: roll back and say so.

@@ -140,42 +140,6 @@ func openUnreachable(t *testing.T) *Driver {
 	return d
 }
 
-// TestModeDetection: a login that may update the tables sends the statements; one that may
-// not, once the procedures exist, calls them by name with the same parameters.
-func TestModeDetection(t *testing.T) {
-	privileges := func(canUpdate, procedure any) reply {
-		return reply{sets: []resultSet{{cols: []string{"u", "p"}, rows: [][]sqldriver.Value{{canUpdate, procedure}}}}}
-	}
-	tests := []struct {
-		name      string
-		reply     reply
-		want      func(statements) string
-		keepsMode int32
-	}{
-		{"may update", privileges(int64(1), int64(99)), func(s statements) string { return s.text[opRelease] }, modeDirect},
-		{"denied, procedures installed", privileges(int64(0), int64(99)), func(s statements) string { return s.procedure[opRelease] }, modeProcedures},
-		{"table invisible, procedures installed", privileges(nil, int64(99)), func(s statements) string { return s.procedure[opRelease] }, modeProcedures},
-		{"denied, no procedures: undecided", privileges(int64(0), nil), func(s statements) string { return s.text[opRelease] }, modeUnknown},
-		{"privileges unreadable: undecided", reply{err: mssql.Error{Number: 229, Class: 14}}, func(s statements) string { return s.text[opRelease] }, modeUnknown},
-	}
-	for _, tt := range tests {
-		t.Run(tt.name, func(t *testing.T) {
-			rec, db := newRecorder(t, tt.reply, outputRows(1))
-			d := New(db)
-			if ok, err := d.Release(ctxT(t), lease); !ok || err != nil {
-				t.Fatalf("release: %v %v", ok, err)
-			}
-			calls := rec.Calls()
-			wantCall(t, calls[0], "query", sqlPrivileges, arg{"table", "[dbo].[fenced_resources]"}, arg{"procedure", "[dbo].[fenced_acquire]"})
-			wantCall(t, calls[1], "query", tt.want(d.sql), arg{"resource", "jobs/é"}, arg{"owner", "OWNER1"},
-				arg{"generation", int64(7)}, arg{"epoch", int64(2)})
-			if m := d.mode.Load(); m != tt.keepsMode {
-				t.Fatalf("mode %d, want %d", m, tt.keepsMode)
-			}
-		})
-	}
-}
-
 func TestCheckDurability(t *testing.T) {
 	setting := func(v string) reply {
 		return reply{sets: []resultSet{{cols: []string{"delayed_durability_desc"}, rows: [][]sqldriver.Value{{v}}}}}
@@ -199,8 +163,21 @@ func TestCheckDurability(t *testing.T) {
 	}
 }
 
+// staleReply answers staleProcedures with ops.
+func staleReply(ops ...op) reply {
+	var rows [][]sqldriver.Value
+	for _, o := range ops {
+		rows = append(rows, []sqldriver.Value{int64(o)})
+	}
+	return reply{sets: []resultSet{{cols: []string{"n"}, rows: rows}}}
+}
+
 func TestGrantSendsProceduresThenPermissions(t *testing.T) {
-	rec, db := newRecorder(t)
+	var all []op
+	for o := range numOps {
+		all = append(all, o)
+	}
+	rec, db := newRecorder(t, staleReply(all...))
 	d, err := NewWithConfig(db, &Config{Schema: "app_locks"})
 	if err != nil {
 		t.Fatal(err)
@@ -209,10 +186,12 @@ func TestGrantSendsProceduresThenPermissions(t *testing.T) {
 		t.Fatal(err)
 	}
 	calls := rec.Calls()
-	if len(calls) != int(numOps)+3 {
+	if len(calls) != int(numOps)+4 {
 		t.Fatalf("%d calls: %+v", len(calls), calls)
 	}
 	wantCall(t, calls[0], "begin", "")
+	wantCall(t, calls[1], "query", d.sql.staleProcedures)
+	calls = calls[1:]
 	for o := range numOps {
 		wantCall(t, calls[1+int(o)], "exec", d.sql.create[o])
 	}
@@ -245,8 +224,12 @@ DENY ALTER ON SCHEMA::[app_locks] TO [fenced_app];`
 	wantCall(t, calls[numOps+2], "commit", "")
 
 	// A failure rolls everything back.
-	rec, db = newRecorder(t, reply{}, reply{err: mssql.Error{Number: 262, Class: 14, Message: "CREATE PROCEDURE permission denied"}})
-	if err := New(db).Grant(ctxT(t), "fenced_app"); err == nil || !strings.Contains(err.Error(), "create procedure fenced_acquire") {
+	rec, db = newRecorder(t, staleReply(opAcquire), reply{err: mssql.Error{Number: 262, Class: 14, Message: "CREATE PROCEDURE permission denied"}})
+	d, err = NewWithConfig(db, &Config{Schema: "app_locks"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := d.Grant(ctxT(t), "fenced_app"); err == nil || !strings.Contains(err.Error(), "create procedure fenced_acquire") {
 		t.Fatalf("grant without permission: %v", err)
 	}
 	if calls := rec.Calls(); calls[len(calls)-1].kind != "rollback" {
@@ -254,9 +237,31 @@ DENY ALTER ON SCHEMA::[app_locks] TO [fenced_app];`
 	}
 }
 
+// TestGrantRefusesSchemaDBO: DENY ALTER ON SCHEMA::dbo would deny the role every change of
+// definition in dbo, so Grant refuses before sending anything and names the fix.
+func TestGrantRefusesSchemaDBO(t *testing.T) {
+	rec, db := newRecorder(t)
+	for _, d := range []*Driver{New(db), must(NewWithConfig(db, &Config{Schema: "DBO"}))} {
+		err := d.Grant(ctxT(t), "fenced_app")
+		if !errors.Is(err, ErrGrantInDBO) || !strings.Contains(err.Error(), "schema of its own") {
+			t.Errorf("grant on %s: %v", d.Schema(), err)
+		}
+	}
+	if n := len(rec.Calls()); n != 0 {
+		t.Fatalf("%d statements sent", n)
+	}
+}
+
+func must(d *Driver, err error) *Driver {
+	if err != nil {
+		panic(err)
+	}
+	return d
+}
+
 func TestGrantRefusesBadRoleNames(t *testing.T) {
 	rec, db := newRecorder(t)
-	d := New(db)
+	d := must(NewWithConfig(db, &Config{Schema: "app"}))
 	for _, role := range []string{"", "a]b", "a b", "1role", "x;DROP TABLE y", "[r]", "é", strings.Repeat("r", 64)} {
 		if err := d.Grant(ctxT(t), role); err == nil {
 			t.Errorf("role %q accepted", role)

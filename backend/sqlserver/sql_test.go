@@ -1,12 +1,16 @@
 package sqlserver
 
 import (
+	"crypto/sha256"
 	"database/sql"
+	"encoding/hex"
+	"fmt"
 	"io/fs"
 	"math"
 	"net/url"
 	"reflect"
 	"regexp"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -23,15 +27,22 @@ func TestStatementsHoldTheProtocolConditions(t *testing.T) {
 	s := newStatements(DefaultSchema)
 	lease := []string{"resource = @resource", "lease_owner = @owner", "generation = @generation", "epoch = @epoch"}
 	live := "lease_until > SYSUTCDATETIME()"
+	lock := "DECLARE @locked INT;\nBEGIN TRANSACTION;\n" +
+		"SELECT @locked = 1 FROM [dbo].[fenced_resources] WITH (UPDLOCK, ROWLOCK) WHERE resource = @resource;\n"
+	opLock := "DECLARE @absent INT = 1;\n" +
+		"SELECT @absent = 0 FROM [dbo].[fenced_operations] WITH (UPDLOCK, HOLDLOCK) WHERE op_id = @op_id;\n"
+	incarnation := "IF NOT EXISTS (SELECT 1 FROM [dbo].[fenced_meta] WHERE id = 1\n" +
+		"    AND recovery_fork_guid = (SELECT recovery_fork_guid FROM sys.database_recovery_status WHERE database_id = DB_ID())" +
+		" AND database_guid = (SELECT database_guid FROM sys.database_recovery_status WHERE database_id = DB_ID()))\n" +
+		"    THROW 51801, "
 	publish := []string{"payload = @payload", "published_generation = @generation", "published_epoch = @epoch",
 		"published_at = SYSUTCDATETIME()", live, "published_generation < @generation",
 		"source_version = CASE WHEN @source_version > 0 THEN @source_version ELSE source_version END",
-		"(@source_version = 0 OR source_version <= @source_version)",
-		"NOT EXISTS (SELECT 1 FROM [dbo].[fenced_operations] WITH (UPDLOCK, HOLDLOCK) WHERE op_id = @op_id)",
-		"DECLARE @rows INT;\nBEGIN TRANSACTION;\nUPDATE [dbo].[fenced_resources] SET ",
+		"(@source_version = 0 OR source_version <= @source_version)", "AND @absent = 1",
+		"DECLARE @rows INT;\n" + lock + opLock + "UPDATE [dbo].[fenced_resources] SET ",
 		"SELECT @rows = @@ROWCOUNT;\nIF @rows = 1\n    INSERT INTO [dbo].[fenced_operations] (op_id, outcome, resource, epoch, generation, recorded_at)\n" +
 			"    VALUES (@op_id, 'accepted', @resource, @epoch, @generation, SYSUTCDATETIME());\n" +
-			"SELECT @rows AS published;\nCOMMIT TRANSACTION;"}
+			"SELECT @rows AS published;\nCOMMIT TRANSACTION;", incarnation}
 	tests := []struct {
 		name     string
 		op       op
@@ -40,40 +51,49 @@ func TestStatementsHoldTheProtocolConditions(t *testing.T) {
 	}{
 		{"provision", opProvision, []string{"INSERT INTO [dbo].[fenced_resources] (resource)",
 			"WHERE NOT EXISTS", "WITH (UPDLOCK, HOLDLOCK) WHERE resource = @resource"}, []string{"UPDATE", "MERGE"}},
-		{"acquire", opAcquire, []string{"UPDATE [dbo].[fenced_resources]", "SET generation = generation + 1",
+		{"acquire", opAcquire, []string{lock + "UPDATE [dbo].[fenced_resources]", "SET generation = generation + 1",
 			"epoch = (SELECT epoch FROM [dbo].[fenced_meta] WITH (HOLDLOCK) WHERE id = 1)",
 			"lease_owner = @owner",
 			"OUTPUT inserted.epoch, inserted.generation, TODATETIMEOFFSET(inserted.lease_until, 0), 1 AS acquired",
 			"WHERE resource = @resource AND (lease_until IS NULL OR lease_until <= SYSUTCDATETIME())",
 			"lease_until = " + leaseEnd, "IF @@ROWCOUNT = 0",
-			"SELECT epoch, generation, TODATETIMEOFFSET(lease_until, 0), 0 AS acquired FROM [dbo].[fenced_resources] WHERE resource = @resource"},
+			"SELECT epoch, generation, TODATETIMEOFFSET(lease_until, 0), 0 AS acquired FROM [dbo].[fenced_resources] WHERE resource = @resource;\nCOMMIT TRANSACTION;",
+			incarnation},
 			[]string{"@generation", "@epoch"}},
-		{"renew", opRenew, append([]string{"SET lease_until = " + leaseEnd,
-			"OUTPUT TODATETIMEOFFSET(inserted.lease_until, 0)", live}, lease...), []string{"generation + 1"}},
+		{"renew", opRenew, append([]string{lock + "UPDATE [dbo].[fenced_resources]\nSET lease_until = " + leaseEnd,
+			"OUTPUT TODATETIMEOFFSET(inserted.lease_until, 0)", live + ";\nCOMMIT TRANSACTION;", incarnation}, lease...),
+			[]string{"generation + 1"}},
 		{"publish", opPublish, append(publish, lease...), []string{"lease_owner = NULL"}},
 		{"publish and release", opPublishAndRelease, append(append([]string{"lease_owner = NULL, lease_until = NULL"},
 			publish...), lease...), nil},
-		{"release", opRelease, append([]string{"SET lease_owner = NULL, lease_until = NULL", "OUTPUT inserted.generation"},
-			lease...), []string{"payload", "generation + 1"}},
+		{"release", opRelease, append([]string{"SET lease_owner = NULL, lease_until = NULL", "OUTPUT inserted.generation",
+			incarnation}, lease...), []string{"payload", "generation + 1", "SYSUTCDATETIME"}},
 		{"read", opRead, []string{"SELECT epoch, generation, lease_owner, TODATETIMEOFFSET(lease_until, 0)",
 			"published_epoch, published_generation, TODATETIMEOFFSET(published_at, 0), source_version",
 			"(SELECT epoch FROM [dbo].[fenced_meta] WHERE id = 1)",
 			"TODATETIMEOFFSET(SYSUTCDATETIME(), 0)", "DATALENGTH(payload)", "WHERE resource = @resource"}, nil},
 		{"read payload", opReadPayload, []string{"published_generation, payload", "WHERE resource = @resource"}, nil},
-		{"resolve", opResolve, []string{"BEGIN TRANSACTION;\nINSERT INTO [dbo].[fenced_operations] (op_id, outcome, recorded_at)\n" +
+		{"resolve", opResolve, []string{"BEGIN TRANSACTION;\n" + opLock + "INSERT INTO [dbo].[fenced_operations] (op_id, outcome, recorded_at)\n" +
 			"SELECT @op_id, 'aborted', SYSUTCDATETIME()\n" +
-			"WHERE NOT EXISTS (SELECT 1 FROM [dbo].[fenced_operations] WITH (UPDLOCK, HOLDLOCK) WHERE op_id = @op_id);\n" +
+			"WHERE @absent = 1;\n" +
 			"SELECT outcome, resource, epoch, generation, TODATETIMEOFFSET(recorded_at, 0) FROM [dbo].[fenced_operations] WHERE op_id = @op_id;\n" +
 			"COMMIT TRANSACTION;"}, []string{"UPDATE", "DELETE"}},
 		{"read operation", opReadOperation, []string{"SELECT outcome, resource, epoch, generation, TODATETIMEOFFSET(recorded_at, 0) FROM [dbo].[fenced_operations] WHERE op_id = @op_id"},
 			[]string{"INSERT", "BEGIN TRANSACTION", "XACT_ABORT"}},
-		{"bump epoch", opBumpEpoch, []string{"DECLARE @new_epoch BIGINT;\nBEGIN TRANSACTION;\n" +
-			"UPDATE [dbo].[fenced_meta] SET @new_epoch = epoch = epoch + 1 WHERE id = 1;\n" +
+		{"bump epoch", opBumpEpoch, []string{"THROW 51802, ", "DECLARE @new_epoch BIGINT;\nBEGIN TRANSACTION;\n" +
+			"UPDATE [dbo].[fenced_meta] SET @new_epoch = epoch = CASE WHEN epoch + 1 > " + clockEpoch +
+			" THEN epoch + 1 ELSE " + clockEpoch + " END,\n" +
+			"    recovery_fork_guid = (SELECT recovery_fork_guid FROM sys.database_recovery_status WHERE database_id = DB_ID()), " +
+			"database_guid = (SELECT database_guid FROM sys.database_recovery_status WHERE database_id = DB_ID())\n" +
+			"WHERE id = 1;\n" +
 			"UPDATE [dbo].[fenced_resources] SET lease_owner = NULL, lease_until = NULL WHERE lease_owner IS NOT NULL;\n" +
-			"SELECT @new_epoch AS epoch;\nCOMMIT TRANSACTION;"}, []string{"generation"}},
-		{"prune", opPrune, []string{"DELETE FROM [dbo].[fenced_operations]\n" +
-			"WHERE recorded_at < DATEADD(second, -@age_s, DATEADD(microsecond, -@age_us, SYSUTCDATETIME()));\n" +
-			"SELECT @deleted = ROWCOUNT_BIG();\nSELECT @deleted AS deleted;\nCOMMIT TRANSACTION;"}, nil},
+			"SELECT @new_epoch AS epoch;\nCOMMIT TRANSACTION;"}, []string{"generation", "THROW 51801"}},
+		{"prune", opPrune, []string{"DECLARE @deleted BIGINT = 0, @n INT = 1;\n" +
+			"DECLARE @cutoff DATETIME2(7) = DATEADD(second, -@age_s, DATEADD(microsecond, -@age_us, SYSUTCDATETIME()));\n" +
+			"WHILE @n > 0\nBEGIN\n" +
+			"    DELETE TOP (1000) FROM [dbo].[fenced_operations] WHERE recorded_at < @cutoff;\n" +
+			"    SET @n = @@ROWCOUNT;\n    SET @deleted = @deleted + @n;\nEND;\n" +
+			"SELECT @deleted AS deleted;"}, []string{"BEGIN TRANSACTION"}},
 	}
 	tested := map[op]bool{}
 	for _, tt := range tests {
@@ -100,6 +120,9 @@ func TestStatementsHoldTheProtocolConditions(t *testing.T) {
 			t.Errorf("operation %s has no statement test", routines[o].procedure)
 		}
 	}
+	if strconv.Itoa(pruneBatch) != pruneBatchText {
+		t.Errorf("pruneBatch %d, text %s", pruneBatch, pruneBatchText)
+	}
 	// Every statement undoes NOCOUNT and IMPLICIT_TRANSACTIONS; every one that writes also
 	// turns XACT_ABORT on and pins the isolation level, before anything else.
 	for o, text := range s.text {
@@ -116,10 +139,88 @@ func TestStatementsHoldTheProtocolConditions(t *testing.T) {
 		if strings.Contains(text, "BEGIN TRANSACTION;") && !strings.HasSuffix(text, "COMMIT TRANSACTION;") {
 			t.Errorf("%s: BEGIN TRANSACTION without a final COMMIT:\n%s", routines[o].procedure, text)
 		}
+		// The incarnation is checked by exactly the lease-carrying operations, first.
+		carriesLease := op(o) == opAcquire || op(o) == opRenew || op(o) == opPublish ||
+			op(o) == opPublishAndRelease || op(o) == opRelease
+		if checked := strings.HasPrefix(text, autocommit+writes+incarnationVisible+"IF NOT EXISTS (SELECT 1 FROM [dbo].[fenced_meta]"); checked != carriesLease {
+			t.Errorf("%s: incarnation checked first %v, want %v", routines[o].procedure, checked, carriesLease)
+		}
 	}
 	// The raw baseline's acquisition is the driver's, without the explaining read.
-	if !strings.HasPrefix(s.text[opAcquire], autocommit+writes+s.acquireUpdate+";\n") || strings.Contains(s.acquireUpdate, "IF ") {
-		t.Errorf("acquireUpdate is not the first statement of acquire:\n%s", s.acquireUpdate)
+	if !strings.Contains(s.text[opAcquire], lock+s.acquireUpdate+";\n") || strings.Contains(s.acquireUpdate, "IF ") {
+		t.Errorf("acquireUpdate is not the acquisition of acquire:\n%s", s.acquireUpdate)
+	}
+}
+
+// clockAfterLocks reports whether every statement of text that reads SYSUTCDATETIME() runs
+// after the batch locked the resource's row (and, when it uses one, the operation id) inside
+// the transaction that then commits: the check that a statement waiting on a lock cannot
+// judge expiry by the instant before its wait.
+func clockAfterLocks(text string) bool {
+	begin := strings.Index(text, "BEGIN TRANSACTION;")
+	row := strings.Index(text, "WITH (UPDLOCK, ROWLOCK) WHERE resource = @resource;")
+	clock := strings.Index(text, "SYSUTCDATETIME()")
+	if begin < 0 || row < begin || clock < row {
+		return false
+	}
+	if strings.Contains(text, "@op_id") {
+		opLock := strings.Index(text, "SELECT @absent = 0 FROM")
+		return opLock > row && clock > opLock
+	}
+	return true
+}
+
+// TestExpiryIsJudgedAfterTheLocks: Acquire, Renew and both publications lock the row (and
+// the operation id) before the statement that reads the clock. The statements as they were
+// before (one conditional UPDATE that waits for the lock itself, having read the clock when
+// it started) fail the same check.
+func TestExpiryIsJudgedAfterTheLocks(t *testing.T) {
+	s := newStatements("app")
+	for _, o := range []op{opAcquire, opRenew, opPublish, opPublishAndRelease} {
+		if !clockAfterLocks(s.text[o]) {
+			t.Errorf("%s reads the clock before it holds its locks:\n%s", routines[o].procedure, s.text[o])
+		}
+	}
+	oldRenew := autocommit + writes + "UPDATE [app].[fenced_resources]\nSET lease_until = " + leaseEnd +
+		"\nOUTPUT TODATETIMEOFFSET(inserted.lease_until, 0)\nWHERE " + leaseMatches + " AND lease_until > SYSUTCDATETIME()"
+	oldPublish := autocommit + writes + "DECLARE @rows INT;\nBEGIN TRANSACTION;\nUPDATE [app].[fenced_resources] SET " +
+		"published_at = SYSUTCDATETIME() WHERE " + leaseMatches + " AND lease_until > SYSUTCDATETIME() AND NOT EXISTS " +
+		"(SELECT 1 FROM [app].[fenced_operations] WITH (UPDLOCK, HOLDLOCK) WHERE op_id = @op_id);\nCOMMIT TRANSACTION;"
+	for name, text := range map[string]string{"old renew": oldRenew, "old publish": oldPublish} {
+		if clockAfterLocks(text) {
+			t.Errorf("the check passes %s, which read the clock before its lock wait", name)
+		}
+	}
+}
+
+// TestEpochsStartFromTheEngineClock: the epoch a store sets is never below the engine's clock
+// in microseconds since 1970, at creation (the first recorded incarnation) and at every bump.
+func TestEpochsStartFromTheEngineClock(t *testing.T) {
+	s := newStatements("app")
+	if clockEpoch != "DATEDIFF_BIG(microsecond, CAST('19700101' AS DATETIME2(7)), SYSUTCDATETIME())" {
+		t.Fatalf("clockEpoch = %s", clockEpoch)
+	}
+	for _, want := range []string{
+		"SET epoch = CASE WHEN epoch < " + clockEpoch + " THEN " + clockEpoch + " ELSE epoch END",
+		"recovery_fork_guid = (SELECT recovery_fork_guid FROM sys.database_recovery_status WHERE database_id = DB_ID())",
+		"database_guid = (SELECT database_guid FROM sys.database_recovery_status WHERE database_id = DB_ID())",
+		"WHERE id = 1 AND recovery_fork_guid IS NULL", "THROW 51802, ",
+		"UPDATE [app].[fenced_meta]",
+	} {
+		if !strings.Contains(s.recordIncarnation, want) {
+			t.Errorf("recordIncarnation lacks %q:\n%s", want, s.recordIncarnation)
+		}
+	}
+	if !strings.Contains(s.text[opBumpEpoch], "epoch = CASE WHEN epoch + 1 > "+clockEpoch+" THEN epoch + 1 ELSE "+clockEpoch+" END") {
+		t.Errorf("bump does not take max(epoch + 1, clock):\n%s", s.text[opBumpEpoch])
+	}
+	body, err := migrations.ReadFile("migrations/0003_incarnation.sql")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if text := s.names.Replace(string(body)); !strings.Contains(text, "ALTER TABLE [app].[fenced_meta] ADD\n"+
+		"    recovery_fork_guid UNIQUEIDENTIFIER NULL,\n    database_guid      UNIQUEIDENTIFIER NULL;") {
+		t.Errorf("migration 3:\n%s", text)
 	}
 }
 
@@ -145,7 +246,7 @@ func TestRoutineParametersMatchTheirStatements(t *testing.T) {
 		}
 		used := map[string]bool{}
 		local := map[string]bool{}
-		for _, m := range regexp.MustCompile(`DECLARE @([a-z_]+)`).FindAllStringSubmatch(rt.text, -1) {
+		for _, m := range regexp.MustCompile(`(?:DECLARE|,) @([a-z_]+) [A-Z]`).FindAllStringSubmatch(rt.text, -1) {
 			local[m[1]] = true
 		}
 		for _, m := range param.FindAllStringSubmatch(rt.text, -1) {
@@ -165,29 +266,54 @@ func TestRoutineParametersMatchTheirStatements(t *testing.T) {
 
 func TestProceduresAreTheStatements(t *testing.T) {
 	s := newStatements("app_locks")
+	seen := map[string]bool{}
 	for o, rt := range routines {
-		want := "CREATE OR ALTER PROCEDURE [app_locks].[" + rt.procedure + "]"
+		head := "CREATE OR ALTER PROCEDURE [app_locks].[" + rt.procedure + "]"
 		if rt.params != "" {
-			want += "\n    " + rt.params
+			head += "\n    " + rt.params
 		}
-		want += "\nAS\nBEGIN\n" + s.text[o] + "\nEND"
-		if s.create[o] != want {
+		head += "\nAS\nBEGIN\n"
+		sum := sha256.Sum256([]byte(head + s.text[o]))
+		fp := "fenced:" + hex.EncodeToString(sum[:16])
+		if want := head + "-- " + fp + "\n" + s.text[o] + "\nEND"; s.create[o] != want || s.fingerprint[o] != fp {
 			t.Errorf("%s:\n%s\nwant\n%s", rt.procedure, s.create[o], want)
 		}
+		if seen[fp] {
+			t.Errorf("%s: fingerprint %s is not unique", rt.procedure, fp)
+		}
+		seen[fp] = true
 		if s.procedure[o] != "[app_locks].["+rt.procedure+"]" {
 			t.Errorf("procedure name %s", s.procedure[o])
 		}
 		if strings.Contains(s.create[o], "EXECUTE AS") || strings.Contains(s.create[o], "sp_executesql") {
 			t.Errorf("%s impersonates or uses dynamic SQL, which breaks the ownership chain", rt.procedure)
 		}
+		// go-mssqldb calls a name as a procedure (an RPC with typed parameters) only when the
+		// text has no space, newline, quote or semicolon outside brackets (isProc in mssql.go).
+		if strings.ContainsAny(s.procedure[o], " \n\r';") {
+			t.Errorf("%s would be sent as a batch, not called", s.procedure[o])
+		}
+		// The fingerprint changes with the body: an upgraded statement replaces the procedure.
+		if _, other := createProcedure(s.procedure[o], rt.params, s.text[o]+" "); other == fp {
+			t.Errorf("%s: the fingerprint does not depend on the body", rt.procedure)
+		}
 	}
 	if got := s.create[opRelease]; !strings.HasPrefix(got, "CREATE OR ALTER PROCEDURE [app_locks].[fenced_release]\n"+
-		"    @resource NVARCHAR(4000), @owner NVARCHAR(4000), @generation BIGINT, @epoch BIGINT\nAS\nBEGIN\n"+
-		"SET NOCOUNT OFF; SET IMPLICIT_TRANSACTIONS OFF;\n") {
+		"    @resource NVARCHAR(4000), @owner NVARCHAR(4000), @generation BIGINT, @epoch BIGINT\nAS\nBEGIN\n-- fenced:") {
 		t.Errorf("release procedure:\n%s", got)
 	}
 	if got := s.create[opBumpEpoch]; !strings.HasPrefix(got, "CREATE OR ALTER PROCEDURE [app_locks].[fenced_bump_epoch]\nAS\nBEGIN\n") {
 		t.Errorf("bump procedure:\n%s", got)
+	}
+	// Migrate finds the stale procedures by their fingerprints.
+	for o := range numOps {
+		want := fmt.Sprintf("(%d, N'%s', N'%s')", o, s.procedure[o], s.fingerprint[o])
+		if !strings.Contains(s.staleProcedures, want) {
+			t.Errorf("staleProcedures lacks %s", want)
+		}
+	}
+	if !strings.Contains(s.staleProcedures, "WHERE CHARINDEX(fp, COALESCE(OBJECT_DEFINITION(OBJECT_ID(name, N'P')), N'')) = 0") {
+		t.Errorf("staleProcedures:\n%s", s.staleProcedures)
 	}
 }
 

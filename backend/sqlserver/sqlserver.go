@@ -205,7 +205,7 @@ func NewWithConfig(db *sql.DB, cfg *Config) (*Driver, error) {
 	if err != nil {
 		return nil, err
 	}
-	if db.Driver() == legacyDriver {
+	if db != nil && db.Driver() == legacyDriver {
 		return nil, fmt.Errorf("new sqlserver driver: %w", ErrLegacyDriver)
 	}
 	return &Driver{db: db, schema: c.Schema, sql: newStatements(c.Schema)}, nil
