@@ -20,6 +20,9 @@ type recorder struct {
 	calls      []call
 	replies    []reply
 	connectErr error // returned by Connect instead of a connection, when set
+	checkErr   error // returned by CheckNamedValue, when set (database/sql's argument errors)
+	connects   int   // connections made
+	closes     int   // connections closed
 }
 
 // call is one statement as database/sql handed it to the driver.
@@ -75,6 +78,7 @@ func (r *recorder) Connect(context.Context) (driver.Conn, error) {
 	if r.connectErr != nil {
 		return nil, r.connectErr
 	}
+	r.connects++
 	return &recConn{r}, nil
 }
 func (r *recorder) Driver() driver.Driver { return recDriver{} }
@@ -88,7 +92,19 @@ type recConn struct{ r *recorder }
 func (c *recConn) Prepare(string) (driver.Stmt, error) {
 	return nil, errors.New("recorder: no Prepare")
 }
-func (c *recConn) Close() error { return nil }
+func (c *recConn) Close() error {
+	c.r.mu.Lock()
+	defer c.r.mu.Unlock()
+	c.r.closes++
+	return nil
+}
+
+// Counts returns how many connections were made and closed.
+func (r *recorder) Counts() (connects, closes int) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.connects, r.closes
+}
 func (c *recConn) Begin() (driver.Tx, error) {
 	return c.BeginTx(context.Background(), driver.TxOptions{})
 }
@@ -100,7 +116,11 @@ func (c *recConn) BeginTx(context.Context, driver.TxOptions) (driver.Tx, error) 
 
 // CheckNamedValue accepts every argument as it is, so the recorded values keep their Go types
 // (an int32 stays an int32, as go-mssqldb would see it).
-func (c *recConn) CheckNamedValue(*driver.NamedValue) error { return nil }
+func (c *recConn) CheckNamedValue(*driver.NamedValue) error {
+	c.r.mu.Lock()
+	defer c.r.mu.Unlock()
+	return c.r.checkErr
+}
 
 func (c *recConn) ExecContext(_ context.Context, query string, args []driver.NamedValue) (driver.Result, error) {
 	rep := c.r.record("exec", query, args)

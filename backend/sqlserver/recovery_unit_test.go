@@ -2,8 +2,10 @@ package sqlserver
 
 import (
 	"context"
+	"database/sql"
 	sqldriver "database/sql/driver"
 	"errors"
+	"fmt"
 	"io"
 	"net"
 	"strings"
@@ -38,6 +40,19 @@ func TestClassification(t *testing.T) {
 		{"context ended after sending", context.Canceled, false},
 		{"anything else", errors.New("something"), false},
 		{"marked where it was known", driver.NotApplied(errors.New("dial")), true},
+		// go-mssqldb's error for a DONE token that flagged an error the server did not send
+		// (token.go, doneStruct.getError): nothing says what happened.
+		{"error without a reason", mssql.Error{Message: "Request failed but didn't provide reason"}, false},
+		{"number 0 with a severity", mssql.Error{Number: 0, Class: 16, Message: "?"}, false},
+		{"numbered, but one of its errors is not", mssql.Error{Number: 547, Class: 16, All: []mssql.Error{{Number: 0}, {Number: 547, Class: 16}}}, false},
+		{"severity 10 is a message, not an error", mssql.Error{Number: 50000, Class: 10}, false},
+		{"compile error: the open transaction dies with the discarded connection", mssql.Error{Number: 208, Class: 16, Message: "Invalid object name"}, true},
+		{"incarnation changed", mssql.Error{Number: errIncarnationChanged, Class: 16, Message: "restored"}, true},
+		{"incarnation unreadable", mssql.Error{Number: errIncarnationHidden, Class: 16, Message: "grant VIEW ANY DATABASE"}, true},
+		// database/sql's refusals of arguments, before the driver sees the call.
+		{"database/sql: argument count", errors.New("sql: expected 0 arguments, got 4"), true},
+		{"database/sql: argument type", fmt.Errorf("sql: converting argument $1 type: %w", errors.New("unsupported type")), true},
+		{"looks alike but is not database/sql's", errors.New("mssql: sql: expected something"), false},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -138,6 +153,145 @@ func openUnreachable(t *testing.T) *Driver {
 	}
 	t.Cleanup(func() { _ = d.Close() })
 	return d
+}
+
+// TestIncarnationChangedIsReported: the incarnation check's error number becomes
+// driver.ErrIncarnationChanged (not applied) for every lease-carrying call, which the core
+// turns into fenced.ErrIncarnationChanged; the unreadable incarnation (51802) does not.
+func TestIncarnationChangedIsReported(t *testing.T) {
+	changed := reply{err: mssql.Error{Number: errIncarnationChanged, Class: 16, State: 1,
+		Message: "fenced: the database was restored since the last epoch bump; bump the epoch"}}
+	var replies []reply
+	for range 8 {
+		replies = append(replies, changed)
+	}
+	d, _ := newTestDriver(t, replies...)
+	errs := mutationErrors(ctxT(t), d)
+	for _, what := range []string{"acquire", "renew", "publish", "publish and release", "release"} {
+		if err := errs[what]; !errors.Is(err, driver.ErrIncarnationChanged) || !errors.Is(err, driver.ErrNotApplied) {
+			t.Errorf("%s: %v", what, err)
+		}
+	}
+	disabled := reply{sets: []resultSet{{cols: []string{"d"}, rows: [][]sqldriver.Value{{"DISABLED"}}}}}
+	d, _ = newTestDriver(t, disabled, changed)
+	s, err := fenced.New(ctxT(t), d, &fenced.Config{SkipMigrate: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	if _, err := s.Acquire(ctxT(t), "r", time.Minute); !errors.Is(err, fenced.ErrIncarnationChanged) {
+		t.Fatalf("store acquire: %v", err)
+	}
+	hidden := translate("update lease", mssql.Error{Number: errIncarnationHidden, Class: 16})
+	if errors.Is(hidden, driver.ErrIncarnationChanged) || !errors.Is(hidden, driver.ErrNotApplied) {
+		t.Fatalf("unreadable incarnation: %v", hidden)
+	}
+}
+
+// TestConnectionIsDiscardedAfterAnError: after any error from a call the physical connection
+// is closed, not pooled, so that a transaction a compile error left open (XACT_ABORT does not
+// cover those) dies with it; after a success it is kept.
+func TestConnectionIsDiscardedAfterAnError(t *testing.T) {
+	compile := reply{err: mssql.Error{Number: 208, Class: 16, Message: "Invalid object name 'fenced_operations'"}}
+	d, rec := newTestDriver(t, count(1), compile, count(1))
+	c := ctxT(t)
+	pub := driver.Publication{Payload: []byte("p\x00q"), OpID: "op"}
+	if ok, err := d.Publish(c, lease, pub); !ok || err != nil {
+		t.Fatalf("publish: %v %v", ok, err)
+	}
+	if connects, closes := rec.Counts(); connects != 1 || closes != 0 {
+		t.Fatalf("after a success: %d connects, %d closes", connects, closes)
+	}
+	if _, err := d.Publish(c, lease, pub); !errors.Is(err, driver.ErrNotApplied) {
+		t.Fatalf("publish after a compile error: %v", err)
+	}
+	if connects, closes := rec.Counts(); connects != 1 || closes != 1 {
+		t.Fatalf("after an error: %d connects, %d closes; want the connection closed", connects, closes)
+	}
+	if ok, err := d.Publish(c, lease, pub); !ok || err != nil {
+		t.Fatalf("publish on a new connection: %v %v", ok, err)
+	}
+	if connects, closes := rec.Counts(); connects != 2 || closes != 1 {
+		t.Fatalf("next call: %d connects, %d closes; want a new connection", connects, closes)
+	}
+}
+
+// TestArgumentErrorsAreNotApplied: database/sql refuses the arguments before go-mssqldb sees
+// the call; the operation did not happen.
+func TestArgumentErrorsAreNotApplied(t *testing.T) {
+	d, rec := newTestDriver(t)
+	rec.checkErr = errors.New("unsupported type")
+	for what, err := range mutationErrors(ctxT(t), d) {
+		if !errors.Is(err, driver.ErrNotApplied) || !strings.Contains(err.Error(), "sql: converting argument") {
+			if what == "bump" { // takes no arguments: the recorder answers it
+				continue
+			}
+			t.Errorf("%s: %v, want not applied", what, err)
+		}
+	}
+}
+
+// TestLegacyDriverNameIsRefused: a handle opened with the "mssql" name (go-mssqldb's
+// placeholder-rewriting instance) is refused before anything is sent; one opened with
+// "sqlserver" is accepted.
+func TestLegacyDriverNameIsRefused(t *testing.T) {
+	dsn := "sqlserver://sa:pw@" + drivertest.ClosedAddr(t) + "?database=fenced&dial+timeout=1"
+	legacy, err := sql.Open("mssql", dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer legacy.Close()
+	if _, err := NewWithConfig(legacy, nil); !errors.Is(err, ErrLegacyDriver) {
+		t.Fatalf("NewWithConfig over mssql: %v", err)
+	}
+	d := New(legacy)
+	c := ctxT(t)
+	if err := d.Migrate(c); !errors.Is(err, ErrLegacyDriver) {
+		t.Fatalf("migrate: %v", err)
+	}
+	for what, err := range mutationErrors(c, d) {
+		if !errors.Is(err, ErrLegacyDriver) || !errors.Is(err, driver.ErrNotApplied) {
+			t.Errorf("%s: %v", what, err)
+		}
+	}
+	if err := d.Grant(c, "r"); !errors.Is(err, ErrLegacyDriver) {
+		t.Fatalf("grant: %v", err)
+	}
+	if _, err := fenced.New(c, d, nil); !errors.Is(err, ErrLegacyDriver) {
+		t.Fatalf("store: %v", err)
+	}
+	modern, err := sql.Open("sqlserver", dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer modern.Close()
+	if _, err := NewWithConfig(modern, nil); err != nil {
+		t.Fatalf("NewWithConfig over sqlserver: %v", err)
+	}
+	connector, err := mssql.NewConnector(dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	viaConnector := sql.OpenDB(connector)
+	defer viaConnector.Close()
+	if _, err := NewWithConfig(viaConnector, nil); err != nil {
+		t.Fatalf("NewWithConfig over mssql.NewConnector: %v", err)
+	}
+}
+
+// TestFailedPruneIsNeverNotApplied: a prune commits batch by batch, so an error after sending
+// may follow deleted batches; only a failure to connect says nothing was deleted.
+func TestFailedPruneIsNeverNotApplied(t *testing.T) {
+	d, rec := newTestDriver(t, reply{err: mssql.Error{Number: 1205, Class: 13, Message: "deadlock"}},
+		reply{err: mssql.Error{Number: 1205, Class: 13}}, reply{err: mssql.Error{Number: 1205, Class: 13}})
+	_, err := d.PruneOperations(ctxT(t), time.Hour)
+	if err == nil || errors.Is(err, driver.ErrNotApplied) || !strings.Contains(err.Error(), "some records may have been deleted") {
+		t.Fatalf("prune: %v", err)
+	}
+	rec.connectErr = errors.New("dial: refused")
+	if _, err := d.PruneOperations(ctxT(t), time.Hour); !errors.Is(err, driver.ErrNotApplied) {
+		t.Fatalf("prune without a connection: %v", err)
+	}
 }
 
 func TestCheckDurability(t *testing.T) {
