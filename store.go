@@ -27,6 +27,11 @@ const (
 	DefaultMaxPayloadBytes = 4 << 20
 	// DefaultReleaseTimeout is Config.ReleaseTimeout when it is zero.
 	DefaultReleaseTimeout = 5 * time.Second
+
+	// PruneMargin is added to Config.MaxTTL to give the shortest age PruneOperations accepts:
+	// a bound on how long a request can stay in flight (queued in a network, a proxy or a
+	// server's buffers) after its sender stopped renewing the lease it carries.
+	PruneMargin = 24 * time.Hour
 )
 
 // Config tunes a Store. The zero value, and a nil *Config, mean the defaults.
@@ -40,6 +45,12 @@ type Config struct {
 	// - SafetyMargin, on the local monotonic clock. Default: a tenth of the ttl. It must be
 	// smaller than every ttl used.
 	SafetyMargin time.Duration
+
+	// MaxTTL is the longest TTL this store acquires or renews a lease for; longer ones are
+	// refused. Default, and at most, the package's MaxTTL (366 days). It also sets the shortest
+	// age PruneOperations accepts (MinPruneAge): give every store that shares a database the
+	// same value, or a smaller one.
+	MaxTTL time.Duration
 
 	// ReleaseTimeout bounds the release that Run performs at the end, which runs even when the
 	// caller's context is already cancelled. Default DefaultReleaseTimeout.
@@ -70,6 +81,11 @@ func (c *Config) withDefaults() (Config, error) {
 		return out, invalid("config", "SafetyMargin %s is negative", out.SafetyMargin)
 	case out.ReleaseTimeout < 0:
 		return out, invalid("config", "ReleaseTimeout %s is negative", out.ReleaseTimeout)
+	case out.MaxTTL != 0 && (out.MaxTTL < MinTTL || out.MaxTTL > MaxTTL):
+		return out, invalid("config", "MaxTTL %s is outside %s to %s", out.MaxTTL, MinTTL, MaxTTL)
+	}
+	if out.MaxTTL == 0 {
+		out.MaxTTL = MaxTTL
 	}
 	if out.MaxPayloadBytes == 0 {
 		out.MaxPayloadBytes = DefaultMaxPayloadBytes
@@ -200,18 +216,34 @@ func (s *Store) Resolve(ctx context.Context, opID string) (Resolution, error) {
 }
 
 // PruneOperations deletes operation records older than age (on the database's clock) and
-// returns how many. Once an aborted id is pruned, a publication carrying it that arrives later
-// still needs a current lease to be accepted, but Resolve can no longer vouch for it: keep
-// records longer than any request can stay in flight.
+// returns how many. It refuses an age below MinPruneAge. Once an aborted id is pruned, a late
+// delivery of the publication that carried it would be accepted if its lease were still
+// current, and Resolve's "aborted" would have been wrong. A publication is accepted only
+// while its lease is unexpired, and a lease ends at most MaxTTL after its holder last renewed
+// it; MinPruneAge adds PruneMargin for the time the request itself may have been in flight.
+// (A holder that keeps renewing the lease after its own publication was resolved as aborted
+// keeps that publication acceptable for as long: publish again, or release, first.)
 func (s *Store) PruneOperations(ctx context.Context, age time.Duration) (int64, error) {
-	if age <= 0 {
-		return 0, invalid("age", "%s is not positive", age)
+	if min := s.MinPruneAge(); age < min {
+		return 0, invalid("age", "%s is shorter than the minimum %s (the longest TTL, %s, plus %s): a publication resolved as aborted could still arrive and be accepted",
+			age, min, s.maxTTL(), PruneMargin)
 	}
 	n, err := s.drv.PruneOperations(ctx, age)
 	if err != nil {
 		return 0, fmt.Errorf("prune operations: %w", err)
 	}
 	return n, nil
+}
+
+// MinPruneAge is the shortest age PruneOperations accepts: Config.MaxTTL plus PruneMargin.
+func (s *Store) MinPruneAge() time.Duration { return s.maxTTL() + PruneMargin }
+
+// maxTTL is Config.MaxTTL, defaulted also for a Store not made by New.
+func (s *Store) maxTTL() time.Duration {
+	if s.cfg.MaxTTL == 0 {
+		return MaxTTL
+	}
+	return s.cfg.MaxTTL
 }
 
 // MaxPayloadBytes is the largest payload Publish accepts: the configured limit, or the
@@ -338,8 +370,8 @@ func (s *Store) Get(ctx context.Context, resource string) ([]byte, int64, error)
 }
 
 func (s *Store) margin(ttl time.Duration) (time.Duration, error) {
-	if ttl < MinTTL || ttl > MaxTTL {
-		return 0, invalid("ttl", "%s is outside %s to %s", ttl, MinTTL, MaxTTL)
+	if ttl < MinTTL || ttl > s.maxTTL() {
+		return 0, invalid("ttl", "%s is outside %s to %s", ttl, MinTTL, s.maxTTL())
 	}
 	m := s.cfg.SafetyMargin
 	if m == 0 {

@@ -1,6 +1,7 @@
 package fenced
 
 import (
+	"context"
 	"errors"
 	"strings"
 	"testing"
@@ -161,4 +162,30 @@ func FuzzValidResource(f *testing.F) {
 			t.Fatalf("%q accepted", s)
 		}
 	})
+}
+
+// TestMaxTTLBoundsLeasesAndPruning: Config.MaxTTL refuses longer leases, and PruneOperations
+// refuses an age below it plus PruneMargin before anything is sent (the store has no driver).
+func TestMaxTTLBoundsLeasesAndPruning(t *testing.T) {
+	s := &Store{cfg: Config{MaxTTL: time.Hour}}
+	if _, err := s.margin(time.Hour + time.Millisecond); !errors.Is(err, ErrInvalid) {
+		t.Fatalf("ttl past MaxTTL: %v", err)
+	}
+	if s.MinPruneAge() != 25*time.Hour {
+		t.Fatalf("MinPruneAge %s", s.MinPruneAge())
+	}
+	for _, age := range []time.Duration{0, time.Hour, 25*time.Hour - time.Nanosecond} {
+		_, err := s.PruneOperations(context.Background(), age)
+		if !errors.Is(err, ErrInvalid) || !strings.Contains(err.Error(), "could still arrive and be accepted") {
+			t.Errorf("prune %s: %v", age, err)
+		}
+	}
+	if (&Store{}).MinPruneAge() != MaxTTL+PruneMargin {
+		t.Fatalf("default MinPruneAge %s", (&Store{}).MinPruneAge())
+	}
+	for _, bad := range []time.Duration{-time.Second, time.Microsecond, MaxTTL + 1} {
+		if _, err := (&Config{MaxTTL: bad}).withDefaults(); !errors.Is(err, ErrInvalid) {
+			t.Errorf("Config.MaxTTL %s: %v", bad, err)
+		}
+	}
 }

@@ -48,9 +48,10 @@ func Main(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io
 type app struct {
 	stdin          io.Reader
 	stdout, stderr io.Writer
-	db             string // --db
-	strict         bool   // --strict-durability
-	ran            bool   // the command line was accepted and a command started
+	db             string        // --db
+	strict         bool          // --strict-durability
+	maxTTL         time.Duration // --max-ttl
+	ran            bool          // the command line was accepted and a command started
 }
 
 func (a *app) root() *cobra.Command {
@@ -72,6 +73,8 @@ The schema is created on first use; "fenced migrate" does it explicitly.`,
 	root.PersistentFlags().StringVar(&a.db, "db", "", dbHelp)
 	root.PersistentFlags().BoolVar(&a.strict, "strict-durability", false,
 		"refuse to start when the database could lose acknowledged generations (fsync off, asynchronous commit, ...); without it, a warning")
+	root.PersistentFlags().DurationVar(&a.maxTTL, "max-ttl", fenced.MaxTTL,
+		"the longest ttl to acquire or renew for; prune keeps records for at least this plus "+fenced.PruneMargin.String()+" (use one value for everything that shares the database)")
 	root.SetFlagErrorFunc(func(_ *cobra.Command, err error) error { return err })
 	root.AddCommand(a.migrateCmd(), a.provisionCmd(), a.acquireCmd(), a.renewCmd(),
 		a.publishCmd(), a.releaseCmd(), a.showCmd(), a.getCmd(), a.runCmd(), a.demoCmd(), a.demoWorkerCmd(),
@@ -112,7 +115,7 @@ func (a *app) open(cmd *cobra.Command) (*fenced.Store, error) {
 		return nil, err
 	}
 	logger := slog.New(slog.NewTextHandler(a.stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
-	s, err := fenced.New(cmd.Context(), drv, &fenced.Config{Logger: logger, StrictDurability: a.strict})
+	s, err := fenced.New(cmd.Context(), drv, &fenced.Config{Logger: logger, StrictDurability: a.strict, MaxTTL: a.maxTTL})
 	if err != nil {
 		_ = drv.Close()
 		return nil, err

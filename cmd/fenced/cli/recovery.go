@@ -5,6 +5,8 @@ import (
 	"time"
 
 	"github.com/spf13/cobra"
+
+	"github.com/fenced-dev/fenced"
 )
 
 func (a *app) resolveCmd() *cobra.Command {
@@ -101,12 +103,18 @@ func (a *app) pruneCmd() *cobra.Command {
 		Use:   "prune --older-than DURATION",
 		Short: "Delete operation records older than DURATION",
 		Long: `Delete the recorded outcomes of publications older than DURATION on the database's clock.
-Keep them longer than any request can stay in flight: once an aborted id is pruned, resolve
-can no longer vouch for it.`,
+DURATION must be at least --max-ttl plus ` + fenced.PruneMargin.String() + `: once an aborted id is pruned, a late
+delivery of its publication would be accepted while its lease lasts, and resolve's answer
+would have been wrong. With the default --max-ttl (366 days), records are kept for 367 days;
+give every command and program that uses the database a smaller --max-ttl (Config.MaxTTL) to
+prune sooner.`,
 		Args: cobra.NoArgs,
 		RunE: a.run(func(cmd *cobra.Command, _ []string) error {
 			if olderThan <= 0 {
 				return usagef("invalid --older-than %s: it must be positive", olderThan)
+			}
+			if min := a.maxTTL + fenced.PruneMargin; olderThan < min {
+				return usagef("invalid --older-than %s: it must be at least --max-ttl (%s) plus %s, or an aborted publication could still arrive and be accepted", olderThan, a.maxTTL, fenced.PruneMargin)
 			}
 			s, err := a.open(cmd)
 			if err != nil {

@@ -86,10 +86,20 @@ func TestGrantAndPrune(t *testing.T) {
 		t.Fatalf("grant on SQLite: %q", msg)
 	}
 	tg.fails(2, nil, "grant")
-	if out := string(tg.ok(nil, "prune", "--older-than", "1h")); out != "{\"pruned\":0}\n" {
+	if out := string(tg.ok(nil, "--max-ttl", "1h", "prune", "--older-than", "25h")); out != "{\"pruned\":0}\n" {
 		t.Fatalf("prune printed %q", out)
 	}
 	tg.fails(2, nil, "prune", "--older-than", "0s")
+	// Below the minimum (the longest ttl plus a day), nothing is deleted and the message says why.
+	if msg := tg.fails(2, nil, "prune", "--older-than", "1h"); !strings.Contains(msg, "at least --max-ttl (8784h0m0s) plus 24h0m0s") {
+		t.Fatalf("prune below the minimum: %q", msg)
+	}
+	tg.fails(2, nil, "--max-ttl", "1h", "prune", "--older-than", "24h")
+	// --max-ttl also bounds what is acquired.
+	tg.ok(nil, "provision", "q")
+	if msg := tg.fails(2, nil, "--max-ttl", "1h", "acquire", "q", "--ttl", "2h"); !strings.Contains(msg, "2h0m0s is outside 1ms to 1h0m0s") {
+		t.Fatalf("acquire past --max-ttl: %q", msg)
+	}
 }
 
 // TestUnknownOutcome loses the reply to a publication after PostgreSQL committed it: the
