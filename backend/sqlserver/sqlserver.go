@@ -559,7 +559,9 @@ func (d *Driver) operation(ctx context.Context, what string, o op, opID string) 
 	return rows[0], nil
 }
 
-// BumpEpoch advances the epoch and frees every lease in one transaction (see tmplBumpEpoch).
+// BumpEpoch advances the epoch to max(epoch + 1, the engine's clock in microseconds), records
+// the database's current incarnation and frees every lease, in one transaction (see
+// tmplBumpEpoch).
 func (d *Driver) BumpEpoch(ctx context.Context) (int64, error) {
 	epochs, err := mutate(ctx, d, "bump epoch", opBumpEpoch, nil, func(r *sql.Rows) (e sql.NullInt64, err error) {
 		return e, r.Scan(&e)
@@ -573,6 +575,8 @@ func (d *Driver) BumpEpoch(ctx context.Context) (int64, error) {
 	return epochs[0].Int64, nil
 }
 
+// PruneOperations deletes the records older than age in batches (see tmplPrune). An error
+// may follow deleted batches, so it is never reported as not applied.
 func (d *Driver) PruneOperations(ctx context.Context, age time.Duration) (int64, error) {
 	args, err := pruneArgs(age)
 	if err != nil {
