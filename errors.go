@@ -56,8 +56,9 @@ type BusyError struct {
 }
 
 func (e *BusyError) Error() string {
-	return fmt.Sprintf("resource %q is busy: generation %d is held until %s",
-		e.Resource, e.Generation, e.LeaseUntil.UTC().Format(time.RFC3339Nano))
+	held := Token{Epoch: e.Token.Epoch, Generation: e.Generation}
+	return fmt.Sprintf("resource %q is busy: %s is held until %s",
+		e.Resource, held.lease(), e.LeaseUntil.UTC().Format(time.RFC3339Nano))
 }
 
 func (e *BusyError) Is(target error) bool { return target == ErrBusy }
@@ -68,32 +69,49 @@ type Cause string
 
 const (
 	CauseSuperseded       Cause = "superseded"        // a later acquisition took the resource
+	CauseEpochBumped      Cause = "epoch_bumped"      // the lease's epoch is older than the store's: a bump since freed it
+	CauseEpochMismatch    Cause = "epoch_mismatch"    // this owner and generation hold the lease under another epoch
 	CauseExpired          Cause = "expired"           // the lease ran out and nobody took over yet
 	CauseAlreadyPublished Cause = "already_published" // this generation has already published
 	CauseReleased         Cause = "released"          // the lease was released
 	CauseNotProvisioned   Cause = "not_provisioned"   // the resource row does not exist
 	CauseStaleSource      Cause = "stale_source"      // the source version is older than the published one
 	CauseOperationExists  Cause = "operation_exists"  // the operation id was already accepted or resolved as aborted
-	CauseUnknown          Cause = "unknown"           // the row matched on re-read (a race); cause unclear
+	CauseUnknown          Cause = "unknown"           // the row matched on re-read (a race), or a token it never issued
 )
 
 // RefusedError reports that the database refused an operation carrying a lease.
 // It matches ErrRefused, and also ErrNotProvisioned when the cause is CauseNotProvisioned.
 type RefusedError struct {
-	Op         string // "publish", "renew", "release" or "publish and release"
-	Resource   string
-	Epoch      int64 // the refused lease's epoch
-	Generation int64 // the refused lease's generation
+	Op       string // "publish", "renew", "release" or "publish and release"
+	Resource string
+	// Epoch and Generation are the refused lease's token. Epoch is 0 when the caller presented
+	// a generation without knowing its epoch (the fenced command's --owner/--generation form
+	// when the row no longer held that generation); the message then names the generation only.
+	Epoch      int64
+	Generation int64
 	Cause      Cause
-	// CurrentGeneration is the resource's generation when the cause was read (advisory).
+	// CurrentToken is the token of the resource's latest acquisition when the cause was read
+	// (advisory; zero when it could not be read).
+	CurrentToken Token
+	// CurrentGeneration is CurrentToken.Generation.
 	CurrentGeneration int64
+	// CurrentEpoch is the store's epoch when the cause was read, the one every new acquisition
+	// gets (advisory).
+	CurrentEpoch int64
 }
 
 func (e *RefusedError) Error() string {
-	msg := fmt.Sprintf("%s %q refused: generation %d", e.Op, e.Resource, e.Generation)
+	mine := Token{Epoch: e.Epoch, Generation: e.Generation}
+	msg := fmt.Sprintf("%s %q refused: %s", e.Op, e.Resource, mine.lease())
 	switch e.Cause {
 	case CauseSuperseded:
-		return fmt.Sprintf("%s was superseded by generation %d", msg, e.CurrentGeneration)
+		return fmt.Sprintf("%s was superseded by %s", msg, e.CurrentToken.lease())
+	case CauseEpochBumped:
+		return fmt.Sprintf("%s was acquired before the epoch was bumped to %d", msg, e.CurrentEpoch)
+	case CauseEpochMismatch:
+		return fmt.Sprintf("%s names the wrong epoch: this owner acquired generation %d in epoch %d (token %s)",
+			msg, e.CurrentToken.Generation, e.CurrentToken.Epoch, e.CurrentToken)
 	case CauseExpired:
 		return msg + " has expired"
 	case CauseAlreadyPublished:
@@ -107,6 +125,9 @@ func (e *RefusedError) Error() string {
 	case CauseOperationExists:
 		return msg + ": its operation id was already accepted or resolved as not accepted"
 	default:
+		if e.CurrentToken.Generation > 0 {
+			return fmt.Sprintf("%s is not current (the resource's latest acquisition is %s)", msg, e.CurrentToken.lease())
+		}
 		return msg + " is not current"
 	}
 }

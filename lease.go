@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -38,7 +40,61 @@ func (t Token) Compare(u Token) int {
 	}
 }
 
+// String is the token as "EPOCH.GENERATION", the form ParseToken reads and the fenced command
+// prints and accepts (--token).
 func (t Token) String() string { return fmt.Sprintf("%d.%d", t.Epoch, t.Generation) }
+
+// lease names the lease holding t in messages: "lease 2.1", or "generation 1" when the epoch
+// is not known.
+func (t Token) lease() string {
+	if t.Epoch == 0 {
+		return fmt.Sprintf("generation %d", t.Generation)
+	}
+	return "lease " + t.String()
+}
+
+// ParseToken reads a token written as "EPOCH.GENERATION" (for example "2.1"), as String writes
+// it: two positive decimal integers without signs, spaces or leading zeros. It returns
+// *InvalidError naming what is wrong.
+func ParseToken(s string) (Token, error) {
+	e, g, ok := strings.Cut(s, ".")
+	if !ok {
+		return Token{}, invalid("token", "%q has no dot; write EPOCH.GENERATION, for example 2.1", s)
+	}
+	epoch, err := parseTokenPart(e)
+	if err != nil {
+		return Token{}, invalid("token", "%q: the epoch %s", s, err)
+	}
+	gen, err := parseTokenPart(g)
+	if err != nil {
+		return Token{}, invalid("token", "%q: the generation %s", s, err)
+	}
+	return Token{Epoch: epoch, Generation: gen}, nil
+}
+
+// parseTokenPart reads one positive decimal integer, digits only, so that exactly one spelling
+// of each token is accepted.
+func parseTokenPart(s string) (int64, error) {
+	if s == "" {
+		return 0, errors.New("is missing")
+	}
+	for _, c := range s {
+		if c < '0' || c > '9' {
+			return 0, fmt.Errorf("%q is not a positive integer", s)
+		}
+	}
+	if s == "0" {
+		return 0, fmt.Errorf("%q is not a positive integer", s)
+	}
+	if s[0] == '0' {
+		return 0, fmt.Errorf("%q has a leading zero", s)
+	}
+	v, err := strconv.ParseInt(s, 10, 64)
+	if err != nil {
+		return 0, fmt.Errorf("%q is too large", s)
+	}
+	return v, nil
+}
 
 func cmpInt(a, b int64) int {
 	switch {
@@ -123,7 +179,7 @@ func (l *Lease) Err() error {
 }
 
 func (l *Lease) trustEnded() {
-	l.end(fmt.Errorf("%w: the trust window of generation %d ended", ErrLeaseLost, l.ref.Generation))
+	l.end(fmt.Errorf("%w: the trust window of lease %s ended", ErrLeaseLost, l.Token()))
 }
 
 // end closes Done once, recording why.

@@ -394,11 +394,18 @@ func (s *Store) refusal(ctx context.Context, op string, ref driver.LeaseRef, pub
 	case err != nil:
 		// The refusal is certain; only its cause could not be read.
 	default:
+		e.CurrentToken = Token{Epoch: st.Epoch, Generation: st.Generation}
 		e.CurrentGeneration = st.Generation
+		e.CurrentEpoch = max(st.CurrentEpoch, st.Epoch)
 		e.Cause = classify(st, ref, pub)
-		if e.Cause != CauseSuperseded && pub != nil {
-			if o, err := s.drv.ReadOperation(ctx, pub.OpID); err == nil && o.Outcome != "" {
-				e.Cause = CauseOperationExists
+		switch e.Cause {
+		case CauseSuperseded, CauseEpochBumped, CauseEpochMismatch:
+			// The lease itself is not current: that explains the refusal whatever the id.
+		default:
+			if pub != nil {
+				if o, err := s.drv.ReadOperation(ctx, pub.OpID); err == nil && o.Outcome != "" {
+					e.Cause = CauseOperationExists
+				}
 			}
 		}
 	}
@@ -407,11 +414,26 @@ func (s *Store) refusal(ctx context.Context, op string, ref driver.LeaseRef, pub
 
 // classify names the likeliest cause of a refusal from the row read after it. pub is nil
 // unless the refused operation was a publication.
+//
+// Every backend's Read reports the row's token (the epoch and generation of its latest
+// acquisition), the store's epoch, and no owner for a lease from an older epoch (the SQL
+// backends clear it at the bump; etcd and Redis hide it). Generations only grow, across epochs
+// too, so a row token greater than the lease's means a later acquisition; a lease whose epoch
+// is older than the store's but not overtaken that way was freed by a bump (or issued in
+// history a restore lost, which the bump also fences).
 func classify(st State, ref driver.LeaseRef, pub *driver.Publication) Cause {
 	row, mine := Token{st.Epoch, st.Generation}, Token{ref.Epoch, ref.Generation}
+	current := max(st.CurrentEpoch, st.Epoch)
 	switch {
-	case row.Compare(mine) > 0 || st.CurrentEpoch > ref.Epoch:
+	case st.Owner != "" && st.Owner == ref.Owner && st.Generation == ref.Generation && st.Epoch != ref.Epoch:
+		// Owners are fresh per acquisition: this is the lease, presented with another epoch.
+		return CauseEpochMismatch
+	case ref.Epoch > current:
+		return CauseUnknown // an epoch the store has not reached: a token it never issued
+	case row.Compare(mine) > 0:
 		return CauseSuperseded
+	case ref.Epoch < current:
+		return CauseEpochBumped
 	case row.Compare(mine) < 0:
 		return CauseUnknown // a token this row never issued
 	case pub != nil && st.PublishedGeneration >= ref.Generation:

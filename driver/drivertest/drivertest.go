@@ -10,6 +10,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -148,6 +149,16 @@ func wantRefused(t *testing.T, err error, cause fenced.Cause) {
 	}
 	if re.Cause != cause {
 		t.Fatalf("refusal cause = %s, want %s (%v)", re.Cause, cause, err)
+	}
+}
+
+// wantRefusedSaying checks that err is a refusal with the given cause whose message contains
+// msg.
+func wantRefusedSaying(t *testing.T, err error, cause fenced.Cause, msg string) {
+	t.Helper()
+	wantRefused(t, err, cause)
+	if !strings.Contains(err.Error(), msg) {
+		t.Fatalf("refusal %q does not say %q", err, msg)
 	}
 }
 

@@ -4,7 +4,9 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"log/slog"
+	"strings"
 	"testing"
 	"time"
 
@@ -275,8 +277,14 @@ func testSourceVersions(t *testing.T, e *env) {
 // current generation with the old epoch), leases are free, and the next token is greater.
 func testEpochBump(t *testing.T, e *env) {
 	a, b := e.store(t), e.store(t)
-	provision(t, a, "r", "idle")
-	la := acquire(t, a, "r", time.Minute)
+	const res = "nightly report é/1" // a space and non-ASCII
+	provision(t, a, res, "idle")
+	for range 2 { // so that no epoch equals a generation below
+		if err := acquire(t, a, res, time.Minute).Release(ctx(t)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	la := acquire(t, a, res, time.Minute)
 	if la.Epoch() < 1 {
 		t.Fatalf("first epoch %d, want at least 1", la.Epoch())
 	}
@@ -287,30 +295,44 @@ func testEpochBump(t *testing.T, e *env) {
 	if epoch != la.Epoch()+1 {
 		t.Fatalf("bumped to epoch %d, want %d", epoch, la.Epoch()+1)
 	}
-	st := show(t, b, "r")
+	st := show(t, b, res)
 	if st.Held() || st.CurrentEpoch != epoch {
 		t.Fatalf("after the bump: %+v", st)
 	}
-	wantRefused(t, la.Publish(ctx(t), []byte("old epoch")), fenced.CauseSuperseded)
-	wantRefused(t, la.Renew(ctx(t), time.Minute), fenced.CauseSuperseded)
-	wantRefused(t, la.Release(ctx(t)), fenced.CauseSuperseded)
+	// Nothing superseded la: the bump freed it, and the refusal says so with the whole token.
+	bumped := fmt.Sprintf("lease %s was acquired before the epoch was bumped to %d", la.Token(), epoch)
+	wantRefusedSaying(t, la.Publish(ctx(t), []byte("old epoch")), fenced.CauseEpochBumped, bumped)
+	wantRefusedSaying(t, la.Renew(ctx(t), time.Minute), fenced.CauseEpochBumped, bumped)
+	wantRefusedSaying(t, la.Release(ctx(t)), fenced.CauseEpochBumped, bumped)
 
-	lb := acquire(t, b, "r", time.Minute)
+	lb := acquire(t, b, res, time.Minute)
 	if lb.Epoch() != epoch || lb.Generation() != la.Generation()+1 || lb.Token().Compare(la.Token()) <= 0 {
 		t.Fatalf("token after the bump %s, before %s", lb.Token(), la.Token())
 	}
 	// The same owner and generation with the old epoch is not this lease.
-	forged, err := a.LeaseFor("r", lb.Owner(), fenced.Token{Epoch: la.Epoch(), Generation: lb.Generation()})
+	forged, err := a.LeaseFor(res, lb.Owner(), fenced.Token{Epoch: la.Epoch(), Generation: lb.Generation()})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := forged.Publish(ctx(t), []byte("forged")); !errors.Is(err, fenced.ErrRefused) {
-		t.Fatalf("a publication with the old epoch: %v, want refused", err)
+	wrongEpoch := fmt.Sprintf("names the wrong epoch: this owner acquired generation %d in epoch %d (token %s)",
+		lb.Generation(), epoch, lb.Token())
+	wantRefusedSaying(t, forged.Publish(ctx(t), []byte("forged")), fenced.CauseEpochMismatch, wrongEpoch)
+	wantRefusedSaying(t, forged.Renew(ctx(t), time.Minute), fenced.CauseEpochMismatch, wrongEpoch)
+	wantRefusedSaying(t, forged.Release(ctx(t)), fenced.CauseEpochMismatch, wrongEpoch)
+	// The old lease, once another acquisition has taken the resource, is superseded by it.
+	wantRefusedSaying(t, la.Publish(ctx(t), []byte("old epoch")), fenced.CauseSuperseded,
+		fmt.Sprintf("lease %s was superseded by lease %s", la.Token(), lb.Token()))
+	if st := show(t, a, res); st.Owner != lb.Owner() || !st.Held() || st.PublishedGeneration != 0 {
+		t.Fatalf("a refused lease changed the row: %+v", st)
+	}
+	// The holder is busy for everyone else, and the error names its whole token.
+	if _, err := a.Acquire(ctx(t), res, time.Minute); err == nil || !strings.Contains(err.Error(), "lease "+lb.Token().String()+" is held") {
+		t.Fatalf("acquire while %s holds: %v", lb.Token(), err)
 	}
 	if err := lb.Publish(ctx(t), []byte("new epoch")); err != nil {
 		t.Fatal(err)
 	}
-	if st := show(t, a, "r"); st.PublishedEpoch != epoch || st.Epoch != epoch || st.PublishedGeneration != lb.Generation() {
+	if st := show(t, a, res); st.PublishedEpoch != epoch || st.Epoch != epoch || st.PublishedGeneration != lb.Generation() {
 		t.Fatalf("published token: %+v", st)
 	}
 	if e2, err := a.BumpEpoch(ctx(t)); err != nil || e2 != epoch+1 {
