@@ -6,6 +6,7 @@ package cli
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
@@ -161,41 +162,132 @@ func parsePositive(flag, s string) (int64, error) {
 	return g, nil
 }
 
-// leaseFlags are the flags of the commands that present a lease.
-type leaseFlags struct{ owner, generation, epoch string }
+// leaseFlags are the flags of the commands that present a lease: --owner, and the token either
+// as one value (--token E.G) or as --generation with an optional --epoch.
+type leaseFlags struct{ owner, generation, epoch, token string }
+
+// leaseFlagsUsage is the part of Use that names the lease flags.
+const leaseFlagsUsage = "--owner O (--token E.G | --generation G [--epoch E])"
 
 func (f *leaseFlags) add(cmd *cobra.Command) {
 	cmd.Flags().StringVar(&f.owner, "owner", "", "owner printed by acquire (required)")
-	cmd.Flags().StringVar(&f.generation, "generation", "", "generation printed by acquire (required)")
-	cmd.Flags().StringVar(&f.epoch, "epoch", "1", "epoch printed by acquire (needed once the epoch has been bumped)")
+	cmd.Flags().StringVar(&f.token, "token", "", `token printed by acquire, EPOCH.GENERATION (e.g. "2.1"); or give --generation`)
+	cmd.Flags().StringVar(&f.generation, "generation", "", "generation printed by acquire; or give --token")
+	cmd.Flags().StringVar(&f.epoch, "epoch", "", "epoch printed by acquire, with --generation (default: the epoch of the resource's latest acquisition, read from the database)")
 	_ = cmd.MarkFlagRequired("owner")
-	_ = cmd.MarkFlagRequired("generation")
 }
 
-// lease opens the store and returns a handle on the presented lease. The caller closes the
-// store.
-func (a *app) lease(cmd *cobra.Command, resource string, f *leaseFlags) (*fenced.Store, *fenced.Lease, error) {
-	gen, err := parseGeneration(f.generation)
-	if err != nil {
-		return nil, nil, err
-	}
-	epoch, err := parsePositive("--epoch", f.epoch)
-	if err != nil {
-		return nil, nil, err
-	}
+// leaseFlagsHelp is appended to the help of the commands that present a lease.
+const leaseFlagsHelp = `
+
+The lease is the owner and token printed by acquire: --owner O --token E.G, or --owner O
+--generation G. Without --epoch (and without --token), the epoch is that of the resource's
+latest acquisition as the database reports it just before the command: the owner is a fresh
+random identity of one acquisition, so owner and generation name exactly one lease, and the
+database still checks owner, epoch and generation together. An operation whose lease was
+acquired before "fenced epoch bump" is refused either way.`
+
+// parsed is a lease as given on the command line; epoch is 0 when it was not given.
+type parsedLease struct {
+	owner             string
+	epoch, generation int64
+}
+
+// parse checks the lease flags before anything is sent to the database.
+func (f *leaseFlags) parse(cmd *cobra.Command) (parsedLease, error) {
+	p := parsedLease{owner: f.owner}
 	if err := fenced.ValidateOwner(f.owner); err != nil {
-		return nil, nil, err
+		return p, err
 	}
+	switch hasToken, hasGen, hasEpoch := cmd.Flags().Changed("token"), cmd.Flags().Changed("generation"), cmd.Flags().Changed("epoch"); {
+	case hasToken && (hasGen || hasEpoch):
+		return p, usagef("give the lease's token either as --token or as --generation and --epoch, not both")
+	case hasToken:
+		t, err := fenced.ParseToken(f.token)
+		if err != nil {
+			var inv *fenced.InvalidError
+			if errors.As(err, &inv) {
+				return p, usagef("invalid --token: %s", inv.Reason)
+			}
+			return p, err
+		}
+		p.epoch, p.generation = t.Epoch, t.Generation
+	case !hasGen:
+		return p, usagef("missing --token or --generation: give the token printed by acquire")
+	default:
+		var err error
+		if p.generation, err = parseGeneration(f.generation); err != nil {
+			return p, err
+		}
+		if hasEpoch {
+			if p.epoch, err = parsePositive("--epoch", f.epoch); err != nil {
+				return p, err
+			}
+		}
+	}
+	return p, nil
+}
+
+// lease opens the store and returns a handle on the presented lease, and whether its epoch is
+// known. The caller closes the store.
+func (a *app) lease(cmd *cobra.Command, resource string, p parsedLease) (*fenced.Store, *fenced.Lease, bool, error) {
 	s, err := a.open(cmd)
 	if err != nil {
-		return nil, nil, err
+		return nil, nil, false, err
 	}
-	l, err := s.LeaseFor(resource, f.owner, fenced.Token{Epoch: epoch, Generation: gen})
+	known := true
+	if p.epoch == 0 {
+		if p.epoch, known, err = resolveEpoch(cmd.Context(), s, resource, p.owner, p.generation); err != nil {
+			_ = s.Close()
+			return nil, nil, false, err
+		}
+	}
+	l, err := s.LeaseFor(resource, p.owner, fenced.Token{Epoch: p.epoch, Generation: p.generation})
 	if err != nil {
 		_ = s.Close()
-		return nil, nil, err
+		return nil, nil, false, err
 	}
-	return s, l, nil
+	return s, l, known, nil
+}
+
+// resolveEpoch returns the epoch to present with owner and generation when none was given: the
+// epoch of the resource's latest acquisition. known is false when the row does not show this
+// generation under this owner (or under no owner, after a release or a bump), so that the
+// epoch is only a guess and a refusal must not name it.
+//
+// The read is advisory; it decides nothing. The conditional statement that follows still
+// matches owner AND epoch AND generation (and expiry) on the row, so the resolved epoch gives
+// no more than typing --epoch after "fenced show", and the epoch is no secret: the owner is.
+// Every acquisition installs a fresh 128-bit random owner, and a bump or release clears it, so
+// a stale holder's owner is no longer on the row and its statement is refused whatever epoch
+// it presents. If the row changes between this read and the statement (a new acquisition, a
+// bump), the statement sees the change and refuses. What the read buys is that the current
+// holder is never refused for not knowing the epoch after a bump.
+func resolveEpoch(ctx context.Context, s *fenced.Store, resource, owner string, gen int64) (epoch int64, known bool, err error) {
+	st, err := s.Show(ctx, resource)
+	switch {
+	case errors.Is(err, fenced.ErrNotProvisioned):
+		return 1, false, nil // the statement reports the missing resource
+	case err != nil:
+		return 0, false, fmt.Errorf("read the epoch of the lease: %w", err)
+	}
+	epoch = st.Epoch
+	if epoch < 1 { // never acquired: no generation to match, any epoch is refused
+		epoch = max(st.CurrentEpoch, 1)
+	}
+	return epoch, st.Generation == gen && (st.Owner == owner || st.Owner == ""), nil
+}
+
+// withoutGuessedEpoch drops the epoch from a refusal when it was only guessed, so that the
+// message names the generation the user gave rather than a token they never held.
+func withoutGuessedEpoch(err error, known bool) error {
+	re, ok := err.(*fenced.RefusedError)
+	if known || !ok {
+		return err
+	}
+	c := *re
+	c.Epoch = 0
+	return &c
 }
 
 // timeJSON formats a database time for output, RFC 3339 in UTC; the zero time is null.

@@ -54,18 +54,20 @@ left as it is, so its generation is never reset: provisioning at every start is 
 	}
 }
 
-// leaseJSON is what acquire and renew print.
+// leaseJSON is what acquire and renew print. Token is the epoch and generation as one value,
+// the form --token accepts.
 type leaseJSON struct {
 	Resource   string  `json:"resource"`
 	Owner      string  `json:"owner"`
+	Token      string  `json:"token"`
 	Epoch      int64   `json:"epoch"`
 	Generation int64   `json:"generation"`
 	LeaseUntil *string `json:"lease_until"`
 }
 
 func newLeaseJSON(l *fenced.Lease) leaseJSON {
-	return leaseJSON{Resource: l.Resource(), Owner: l.Owner(), Epoch: l.Epoch(), Generation: l.Generation(),
-		LeaseUntil: timeJSON(l.LeaseUntil())}
+	return leaseJSON{Resource: l.Resource(), Owner: l.Owner(), Token: l.Token().String(), Epoch: l.Epoch(),
+		Generation: l.Generation(), LeaseUntil: timeJSON(l.LeaseUntil())}
 }
 
 func (a *app) acquireCmd() *cobra.Command {
@@ -75,7 +77,8 @@ func (a *app) acquireCmd() *cobra.Command {
 		Short: "Take the resource's lease if it is free or expired",
 		Long: `Take the resource's lease for DURATION if it is free or its holder's lease has expired on
 the database's clock. The generation is incremented in the same statement. Prints the
-owner, epoch and generation to pass to renew, publish and release.`,
+owner and the token (as "token":"EPOCH.GENERATION", and as epoch and generation) to pass to
+renew, publish and release: --owner O --token E.G.`,
 		Args: oneResource,
 		RunE: a.run(func(cmd *cobra.Command, args []string) error {
 			d, err := parseTTL(ttl)
@@ -105,23 +108,27 @@ func (a *app) renewCmd() *cobra.Command {
 		ttl string
 	)
 	cmd := &cobra.Command{
-		Use:   "renew RESOURCE --owner O --generation G --ttl DURATION",
+		Use:   "renew RESOURCE " + leaseFlagsUsage + " --ttl DURATION",
 		Short: "Extend a current lease to database-now + DURATION",
 		Long: `Extend the lease to the database's now + DURATION, only if it is still the current,
-unexpired lease: a late renewal never revives an expired or superseded lease.`,
+unexpired lease: a late renewal never revives an expired or superseded lease.` + leaseFlagsHelp,
 		Args: oneResource,
 		RunE: a.run(func(cmd *cobra.Command, args []string) error {
 			d, err := parseTTL(ttl)
 			if err != nil {
 				return err
 			}
-			s, l, err := a.lease(cmd, args[0], &lf)
+			p, err := lf.parse(cmd)
+			if err != nil {
+				return err
+			}
+			s, l, known, err := a.lease(cmd, args[0], p)
 			if err != nil {
 				return err
 			}
 			defer s.Close()
 			if err := l.Renew(cmd.Context(), d); err != nil {
-				return err
+				return withoutGuessedEpoch(err, known)
 			}
 			return a.print(newLeaseJSON(l))
 		}),
@@ -141,7 +148,7 @@ func (a *app) publishCmd() *cobra.Command {
 		sourceVersion int64
 	)
 	cmd := &cobra.Command{
-		Use:   "publish RESOURCE --owner O --generation G [--file PATH]",
+		Use:   "publish RESOURCE " + leaseFlagsUsage + " [--file PATH]",
 		Short: "Store a payload as the resource's result, if the lease is still current",
 		Long: fmt.Sprintf(`Store the payload (the file named by --file, else standard input) as the resource's
 published result, only if the lease presented is still the current, unexpired one, its
@@ -149,10 +156,10 @@ generation has not published yet, its --source-version (if any) is not older tha
 published one, and its --op-id has not been accepted or resolved before. If the reply is
 lost the exit code is 6 and the error names the operation id: "fenced resolve ID" then says
 for certain whether it was accepted. The whole payload, at most %d bytes, is read before
-the database is touched; a larger one is rejected and nothing is written.`, fenced.DefaultMaxPayloadBytes),
+the database is touched; a larger one is rejected and nothing is written.`, fenced.DefaultMaxPayloadBytes) + leaseFlagsHelp,
 		Args: oneResource,
 		RunE: a.run(func(cmd *cobra.Command, args []string) error {
-			gen, err := parseGeneration(lf.generation)
+			p, err := lf.parse(cmd)
 			if err != nil {
 				return err
 			}
@@ -160,7 +167,7 @@ the database is touched; a larger one is rejected and nothing is written.`, fenc
 			if err != nil {
 				return err
 			}
-			s, l, err := a.lease(cmd, args[0], &lf)
+			s, l, known, err := a.lease(cmd, args[0], p)
 			if err != nil {
 				return err
 			}
@@ -175,10 +182,11 @@ the database is touched; a larger one is rejected and nothing is written.`, fenc
 				err = l.Publish(cmd.Context(), payload, opts...)
 			}
 			if err != nil {
-				return err
+				return withoutGuessedEpoch(err, known)
 			}
-			return a.print(map[string]any{"resource": l.Resource(), "published_generation": gen,
-				"published_epoch": l.Epoch(), "op_id": opID, "payload_bytes": len(payload), "released": release})
+			return a.print(map[string]any{"resource": l.Resource(), "token": l.Token().String(),
+				"published_generation": l.Generation(), "published_epoch": l.Epoch(), "op_id": opID,
+				"payload_bytes": len(payload), "released": release})
 		}),
 	}
 	lf.add(cmd)
@@ -213,21 +221,26 @@ func (a *app) readPayload(file string, limit int) ([]byte, error) {
 func (a *app) releaseCmd() *cobra.Command {
 	var lf leaseFlags
 	cmd := &cobra.Command{
-		Use:   "release RESOURCE --owner O --generation G",
-		Short: "Free a lease, if owner and generation still match",
+		Use:   "release RESOURCE " + leaseFlagsUsage,
+		Short: "Free a lease, if owner and token still match",
 		Long: `Free the lease so that another owner can acquire it at once, only if the owner and
-generation presented still hold it. It never resets the generation.`,
+token presented still hold it. It never resets the generation.` + leaseFlagsHelp,
 		Args: oneResource,
 		RunE: a.run(func(cmd *cobra.Command, args []string) error {
-			s, l, err := a.lease(cmd, args[0], &lf)
+			p, err := lf.parse(cmd)
+			if err != nil {
+				return err
+			}
+			s, l, known, err := a.lease(cmd, args[0], p)
 			if err != nil {
 				return err
 			}
 			defer s.Close()
 			if err := l.Release(cmd.Context()); err != nil {
-				return err
+				return withoutGuessedEpoch(err, known)
 			}
-			return a.print(map[string]any{"resource": l.Resource(), "epoch": l.Epoch(), "generation": l.Generation(), "released": true})
+			return a.print(map[string]any{"resource": l.Resource(), "token": l.Token().String(), "epoch": l.Epoch(),
+				"generation": l.Generation(), "released": true})
 		}),
 	}
 	lf.add(cmd)

@@ -67,13 +67,13 @@ func TestEpochBump(t *testing.T) {
 	if out := string(tg.ok(nil, "epoch", "bump")); out != "{\"epoch\":2}\n" {
 		t.Fatalf("epoch bump printed %q", out)
 	}
-	tg.fails(5, []byte("old"), leaseArgs("publish", "job", old)...)
+	tg.wantRefused("lease 1.1 was acquired before the epoch was bumped to 2", []byte("old"), leaseArgs("publish", "job", old)...)
 	l := tg.acquire("job", "1m")
-	if l.Epoch != 2 || l.Generation != old.Generation+1 {
+	if l.Epoch != 2 || l.Generation != old.Generation+1 || l.Token != "2.2" {
 		t.Fatalf("after the bump: %+v", l)
 	}
-	tg.fails(5, []byte("wrong epoch"), leaseArgs("publish", "job", l)...) // --epoch defaults to 1
-	tg.ok([]byte("new"), leaseArgs("publish", "job", l, "--epoch", "2")...)
+	tg.wantRefused("lease 1.2 names the wrong epoch", []byte("wrong epoch"), leaseArgs("publish", "job", l, "--epoch", "1")...)
+	tg.ok([]byte("new"), leaseArgs("publish", "job", l)...) // the epoch is the holder's without --epoch
 	if st := tg.show("job"); st.Epoch != 2 || st.CurrentEpoch != 2 || st.PublishedEpoch != 2 {
 		t.Fatalf("show after the bump: %+v", st)
 	}

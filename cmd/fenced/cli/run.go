@@ -32,9 +32,16 @@ func (a *app) runCmd() *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "run RESOURCE --ttl DURATION [--renew] -- COMMAND [ARGS...]",
 		Short: "Run a command under the resource's lease and publish its standard output",
-		Long: `Acquire the resource's lease, run COMMAND with FENCED_RESOURCE, FENCED_GENERATION and
-FENCED_OWNER in its environment, and publish its standard output under the lease, then
-release. Standard input and standard error pass through.
+		Long: `Acquire the resource's lease, run COMMAND with the lease in its environment, and publish
+its standard output under the lease, then release. Standard input and standard error pass
+through. The environment names the lease as acquire prints it:
+
+  FENCED_RESOURCE    the resource
+  FENCED_OWNER       the owner identity of this acquisition
+  FENCED_TOKEN       the token, EPOCH.GENERATION (e.g. 2.1), to hand to any destination
+                     that checks it, or to "fenced renew --owner ... --token ..."
+  FENCED_EPOCH       the token's epoch
+  FENCED_GENERATION  the token's generation
 
 The command is trusted only while the lease is: until acquired + TTL - safety margin on this
 machine's monotonic clock, extended by each successful renewal with --renew. When the lease
@@ -70,8 +77,9 @@ killed by signal N, 127 when it could not be started).`,
 			if err != nil {
 				return err
 			}
-			return a.print(map[string]any{"resource": res.Resource, "owner": res.Owner,
-				"generation": res.Generation, "published_generation": res.Generation, "payload_bytes": res.Size})
+			return a.print(map[string]any{"resource": res.Resource, "owner": res.Owner, "token": res.Token.String(),
+				"epoch": res.Token.Epoch, "generation": res.Generation, "published_generation": res.Generation,
+				"payload_bytes": res.Size})
 		}),
 	}
 	cmd.Flags().StringVar(&ttl, "ttl", "", "the lease's time to live, e.g. 30s (required)")
@@ -87,8 +95,10 @@ func (a *app) runCommand(ctx context.Context, l *fenced.Lease, argv []string, gr
 	c := exec.Command(argv[0], argv[1:]...)
 	c.Env = append(os.Environ(),
 		"FENCED_RESOURCE="+l.Resource(),
-		"FENCED_GENERATION="+strconv.FormatInt(l.Generation(), 10),
-		"FENCED_OWNER="+l.Owner())
+		"FENCED_OWNER="+l.Owner(),
+		"FENCED_TOKEN="+l.Token().String(),
+		"FENCED_EPOCH="+strconv.FormatInt(l.Epoch(), 10),
+		"FENCED_GENERATION="+strconv.FormatInt(l.Generation(), 10))
 	c.Stdin, c.Stderr = a.stdin, a.stderr
 	out := &limitedBuffer{limit: limit}
 	c.Stdout = out
