@@ -60,9 +60,10 @@ func (a *app) root() *cobra.Command {
 		Use:   "fenced",
 		Short: "Leases with fencing tokens: only the current owner's write is accepted",
 		Long: `fenced keeps, per resource, a lease (owner, expiry, generation) beside a published
-result. Acquiring a lease increments the generation, the fencing token; a publication,
-renewal or release carries (owner, generation) and the database accepts it only if that
-lease is still the current, unexpired one. Expiry is judged by the database's clock.
+result. Acquiring a lease increments the generation; with the recovery epoch it makes the
+fencing token, printed as EPOCH.GENERATION. A publication, renewal or release carries the
+owner and the token (--owner O --token E.G) and the database accepts it only if that lease
+is still the current, unexpired one. Expiry is judged by the database's clock.
 
 Start with "fenced demo" to see a paused worker's stale write refused.
 

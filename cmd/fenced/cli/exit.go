@@ -24,7 +24,8 @@ const (
 const exitCodesHelp = `Exit codes:
   0  done
   1  operational error (database unreachable, I/O)
-  2  usage or invalid input (bad flag, argument, duration, generation, payload too large)
+  2  usage or invalid input (bad flag, argument, duration, generation, token, payload
+     too large)
   3  busy: another owner holds an unexpired lease
   4  not found: the resource is not provisioned (also when a lease operation is refused
      because the resource does not exist), or get found nothing published
