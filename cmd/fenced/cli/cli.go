@@ -188,7 +188,7 @@ random identity of one acquisition, so owner and generation name exactly one lea
 database still checks owner, epoch and generation together. An operation whose lease was
 acquired before "fenced epoch bump" is refused either way.`
 
-// parsed is a lease as given on the command line; epoch is 0 when it was not given.
+// parsedLease is a lease as given on the command line; epoch is 0 when it was not given.
 type parsedLease struct {
 	owner             string
 	epoch, generation int64
