@@ -97,3 +97,30 @@ func TestClockOffset(t *testing.T) {
 		t.Fatalf("renewal of the superseded lease: ok=%v err=%v", ok, err)
 	}
 }
+
+// TestEpochIgnoresClockOffset: the offset that moves expiry (a torture clock jump) does not
+// move epochs, which come from the real clock: an hour back, a bump still reaches now.
+func TestEpochIgnoresClockOffset(t *testing.T) {
+	ctx := context.Background()
+	dir := t.TempDir()
+	clock := filepath.Join(dir, "clock")
+	if err := os.WriteFile(clock, []byte(strconv.FormatInt(-time.Hour.Microseconds(), 10)), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	d, err := Open(filepath.Join(dir, "fenced.db"), WithClockOffsetFile(clock))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = d.Close() })
+	if err := d.Migrate(ctx); err != nil {
+		t.Fatal(err)
+	}
+	before := time.Now().UnixMicro()
+	epoch, err := d.BumpEpoch(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if epoch < before {
+		t.Fatalf("bumped to %d with the clock offset an hour back; want at least the real clock %d", epoch, before)
+	}
+}

@@ -2,6 +2,9 @@ package sqlite
 
 import (
 	"context"
+	"errors"
+	"io/fs"
+	"os"
 	"path/filepath"
 	"testing"
 
@@ -26,6 +29,20 @@ func newTarget(t *testing.T) drivertest.Target {
 	}
 	admin := open(t)
 	return drivertest.Target{
+		// The file is deleted as a user would delete it; connections still open on it keep the
+		// deleted inode, and the next Open creates a new file.
+		LoseEverything: func(context.Context) error {
+			for _, suffix := range []string{"", "-wal", "-shm"} {
+				if err := os.Remove(path + suffix); err != nil && !errors.Is(err, fs.ErrNotExist) {
+					return err
+				}
+			}
+			return nil
+		},
+		SetEpoch: func(ctx context.Context, epoch int64) error {
+			_, err := admin.DB().ExecContext(ctx, `UPDATE fenced_meta SET epoch = ?`, epoch)
+			return err
+		},
 		Open:      func(t *testing.T) driver.Driver { return mutate(open(t)) },
 		LostReply: func(t *testing.T) (driver.Driver, func()) { return drivertest.LoseReplies(open(t)) },
 		Expire: func(ctx context.Context, resource string) error {
