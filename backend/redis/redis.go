@@ -160,11 +160,11 @@ func (d *Driver) Close() error {
 var _ driver.DurabilityChecker = (*Driver)(nil)
 
 // CheckDurability returns a warning unless the server the client reaches runs with
-// appendonly yes and appendfsync always (and a maxmemory-policy that cannot evict fenced's keys), the configuration under which an acknowledged
-// generation survives a crash. It needs the CONFIG command, which some hosted services refuse;
-// when the settings cannot be read it returns the error, and the store decides (fenced.Config
-// StrictDurability). On a replica set, check the primary and each replica that could be
-// promoted.
+// appendonly yes and appendfsync always, the configuration under which an acknowledged
+// generation survives a crash, and with a maxmemory-policy that cannot evict fenced's keys. It
+// needs the CONFIG command, which some hosted services refuse; when the settings cannot be
+// read it returns the error, and the store decides (fenced.Config StrictDurability). On a
+// replica set, check the primary and each replica that could be promoted.
 func (d *Driver) CheckDurability(ctx context.Context) ([]string, error) {
 	cfg, err := d.client.ConfigGet(ctx, "append*").Result()
 	if err != nil {
