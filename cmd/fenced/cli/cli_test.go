@@ -201,8 +201,10 @@ func (tg target) waitExpired(resource string) {
 	}
 }
 
+// leaseArgs presents l's whole token: epochs come from the clock, so no default epoch is right.
 func leaseArgs(op, resource string, l leaseOut, extra ...string) []string {
-	return append([]string{op, resource, "--owner", l.Owner, "--generation", strconv.FormatInt(l.Generation, 10)}, extra...)
+	return append([]string{op, resource, "--owner", l.Owner, "--generation", strconv.FormatInt(l.Generation, 10),
+		"--epoch", strconv.FormatInt(l.Epoch, 10)}, extra...)
 }
 
 // forEachTarget runs body against a fresh SQLite file and, when a server answers, a fresh
