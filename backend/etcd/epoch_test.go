@@ -199,13 +199,14 @@ func TestMigrateRefusesNewerSchema(t *testing.T) {
 	t.Parallel()
 	ctx := testCtx(t)
 	d := migrated(t)
-	if _, err := d.BumpEpoch(ctx); err != nil {
+	e, err := d.BumpEpoch(ctx)
+	if err != nil {
 		t.Fatal(err)
 	}
 	if err := d.Migrate(ctx); err != nil {
 		t.Fatal(err)
 	}
-	if resp, err := d.cli.Get(ctx, d.epochKey()); err != nil || string(resp.Kvs[0].Value) != encodeGen(2) {
+	if resp, err := d.cli.Get(ctx, d.epochKey()); err != nil || string(resp.Kvs[0].Value) != encodeGen(e) {
 		t.Fatalf("epoch after a second Migrate: %v, %v", resp, err)
 	}
 	if _, err := d.cli.Put(ctx, d.schemaKey(), "3"); err != nil {
