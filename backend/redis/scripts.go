@@ -124,6 +124,7 @@ local bumped = redis.call('GET', KEYS[3]) ~= incarnation
 if bumped then
   epoch = string.format('%d', math.max(tonumber(epoch) + 1, now))
 end
+-- Called after the script's checks, so that an error reply still means nothing was written.
 local function recordBump()
   if bumped then
     redis.call('SET', KEYS[2], epoch)
@@ -183,8 +184,9 @@ return {1, tonumber(epoch), generation, untilUs}
 const luaRenew = writes + serverNow + currentEpoch + checkIncarnation + holds + `
 local row = redis.call('HMGET', KEYS[1], 'owner', 'generation', 'epoch', 'lease_until_us')
 local ttl = tonumber(ARGV[4])
+local current = holds(row)
 recordBump()
-if not holds(row) then
+if not current then
   return 0
 end
 local untilUs = now + ttl
@@ -202,10 +204,11 @@ const publishBody = serverNow + currentEpoch + checkIncarnation + holds + `
 local row = redis.call('HMGET', KEYS[1], 'owner', 'generation', 'epoch', 'lease_until_us',
   'published_generation', 'source_version')
 local sv = tonumber(ARGV[5])
-recordBump()
-if redis.call('EXISTS', KEYS[4]) == 1 or not holds(row)
+local refused = redis.call('EXISTS', KEYS[4]) == 1 or not holds(row)
   or tonumber(row[5]) >= tonumber(ARGV[2])
-  or (sv > 0 and tonumber(row[6] or '0') > sv) then
+  or (sv > 0 and tonumber(row[6] or '0') > sv)
+recordBump()
+if refused then
   return 0
 end
 local at = string.format('%d', now)
