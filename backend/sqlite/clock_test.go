@@ -29,8 +29,9 @@ func TestConformanceClockOffset(t *testing.T) {
 		}
 		admin := open(t)
 		return drivertest.Target{
-			Open:      func(t *testing.T) driver.Driver { return open(t) },
-			LostReply: func(t *testing.T) (driver.Driver, func()) { return drivertest.LoseReplies(open(t)) },
+			Open:           func(t *testing.T) driver.Driver { return open(t) },
+			LostReply:      func(t *testing.T) (driver.Driver, func()) { return drivertest.LoseReplies(open(t)) },
+			LoseEverything: func(context.Context) error { return deleteDatabase(path) },
 			Expire: func(ctx context.Context, resource string) error {
 				_, err := admin.DB().ExecContext(ctx, admin.q(`UPDATE fenced_resources
 					SET lease_until = `+nowMicros+` - 1000000

@@ -16,6 +16,16 @@ import (
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 
+// deleteDatabase deletes the database file and its WAL files, as a user would.
+func deleteDatabase(path string) error {
+	for _, suffix := range []string{"", "-wal", "-shm"} {
+		if err := os.Remove(path + suffix); err != nil && !errors.Is(err, fs.ErrNotExist) {
+			return err
+		}
+	}
+	return nil
+}
+
 // newTarget gives each test its own database file.
 func newTarget(t *testing.T) drivertest.Target {
 	path := filepath.Join(t.TempDir(), "fenced.db")
@@ -31,14 +41,7 @@ func newTarget(t *testing.T) drivertest.Target {
 	return drivertest.Target{
 		// The file is deleted as a user would delete it; connections still open on it keep the
 		// deleted inode, and the next Open creates a new file.
-		LoseEverything: func(context.Context) error {
-			for _, suffix := range []string{"", "-wal", "-shm"} {
-				if err := os.Remove(path + suffix); err != nil && !errors.Is(err, fs.ErrNotExist) {
-					return err
-				}
-			}
-			return nil
-		},
+		LoseEverything: func(context.Context) error { return deleteDatabase(path) },
 		SetEpoch: func(ctx context.Context, epoch int64) error {
 			_, err := admin.DB().ExecContext(ctx, `UPDATE fenced_meta SET epoch = ?`, epoch)
 			return err
