@@ -34,8 +34,8 @@ var (
 	// valid again. Acquisitions are refused until Store.BumpEpoch has run.
 	ErrIncarnationChanged = errors.New("the database was restored or promoted since the last epoch bump; bump the epoch first")
 
-	// ErrNotDurable: Config.StrictDurability is set and the backend reported a setting under
-	// which acknowledged generations could be lost.
+	// ErrNotDurable: the backend reported a setting under which acknowledged generations could
+	// be lost in a crash, and Config.AllowNonDurable is not set.
 	ErrNotDurable = errors.New("the database is not configured for durability")
 
 	// ErrLeaseLost: Run stopped trusting its lease (the trust window ended or a renewal was

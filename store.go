@@ -6,6 +6,8 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"strings"
+	"sync"
 	"time"
 	"unicode"
 	"unicode/utf8"
@@ -63,9 +65,16 @@ type Config struct {
 	// SkipMigrate stops New from creating or upgrading the schema.
 	SkipMigrate bool
 
-	// StrictDurability makes New fail, instead of logging a warning, when the backend reports a
-	// setting under which acknowledged generations could be lost (fsync off, asynchronous
-	// commit, an unlogged table, SQLite synchronous below FULL, ...).
+	// AllowNonDurable lets New open a store whose backend reports a setting under which
+	// acknowledged generations could be lost in a crash (fsync off, asynchronous commit, an
+	// unlogged table, SQLite synchronous below FULL, Redis without appendfsync always, ...).
+	// By default New refuses such a store with ErrNotDurable; with AllowNonDurable it logs the
+	// settings once per process and goes on. Default false.
+	AllowNonDurable bool
+
+	// StrictDurability makes New also refuse a store whose durability settings could not be
+	// read (a hosted Redis that refuses CONFIG, for example); by default that is logged once
+	// per process. It cannot be combined with AllowNonDurable. Default false.
 	StrictDurability bool
 }
 
@@ -83,6 +92,8 @@ func (c *Config) withDefaults() (Config, error) {
 		return out, invalid("config", "ReleaseTimeout %s is negative", out.ReleaseTimeout)
 	case out.MaxTTL != 0 && (out.MaxTTL < MinTTL || out.MaxTTL > MaxTTL):
 		return out, invalid("config", "MaxTTL %s is outside %s to %s", out.MaxTTL, MinTTL, MaxTTL)
+	case out.AllowNonDurable && out.StrictDurability:
+		return out, invalid("config", "AllowNonDurable and StrictDurability contradict each other")
 	}
 	if out.MaxTTL == 0 {
 		out.MaxTTL = MaxTTL
@@ -130,15 +141,32 @@ func New(ctx context.Context, drv driver.Driver, cfg *Config) (*Store, error) {
 		if c.StrictDurability {
 			return nil, err
 		}
-		c.Logger.Warn("fenced: could not check the database's durability settings", "error", err)
+		warnOnce(c.Logger, "fenced: could not check the database's durability settings", "error", err.Error())
 	}
-	for _, w := range warnings {
-		if c.StrictDurability {
-			return nil, fmt.Errorf("%w: %s", ErrNotDurable, w)
+	if len(warnings) > 0 {
+		settings := strings.Join(warnings, "; ")
+		if !c.AllowNonDurable {
+			return nil, fmt.Errorf("%w: %s; configure the database durably, or accept the risk with Config.AllowNonDurable (fenced --allow-nondurable)",
+				ErrNotDurable, settings)
 		}
-		c.Logger.Warn("fenced: acknowledged generations may not survive a crash", "setting", w)
+		warnOnce(c.Logger, notDurableWarning, "settings", settings)
 	}
 	return s, nil
+}
+
+// notDurableWarning names, in one sentence, what a store opened with AllowNonDurable risks.
+const notDurableWarning = "fenced: this database can lose acknowledged writes in a crash, " +
+	"so a token already handed out may be handed out again and a published result may revert"
+
+// warned holds the warnings already logged by this process: a program that opens many stores
+// (or a command that opens one per run) should not drown its log in the same sentence.
+var warned sync.Map
+
+// warnOnce logs msg with one attribute, unless this process has logged the same already.
+func warnOnce(l *slog.Logger, msg, key, value string) {
+	if _, seen := warned.LoadOrStore(msg+"\x00"+value, struct{}{}); !seen {
+		l.Warn(msg, key, value)
+	}
 }
 
 // CheckDurability returns one sentence for each engine setting under which acknowledged

@@ -56,7 +56,10 @@ func (e *BusyError) Error() string { return "resource is busy" }
 // stores are taken from the engine's clock at the moment the statement executes.
 type Driver interface {
 	// Migrate creates or upgrades the schema. It is idempotent and safe to run concurrently.
-	// A new schema starts at epoch 1.
+	// A new store's epoch is the engine's clock in microseconds since 1970 when Migrate creates
+	// it, so that a store lost entirely and created again issues tokens above every token of the
+	// old one; an existing epoch is never changed. This assumes the engine's clock does not go
+	// back across the loss (see BumpEpoch).
 	Migrate(ctx context.Context) error
 
 	// Provision creates the resource's row with generation 0 if it does not exist. It never
@@ -102,8 +105,13 @@ type Driver interface {
 	// Outcome is empty when none is recorded.
 	ReadOperation(ctx context.Context, opID string) (Operation, error)
 
-	// BumpEpoch durably advances the epoch and frees every lease, in one transaction, and
-	// records the engine's current incarnation where it has one. It returns the new epoch.
+	// BumpEpoch durably sets the epoch to max(epoch + 1, the engine's clock in microseconds
+	// since 1970) and frees every lease, in one transaction, and records the engine's current
+	// incarnation where it has one. It returns the new epoch. Taking the clock keeps every epoch
+	// at or below the clock (no engine commits two bumps within a microsecond), so a store
+	// created after a total loss, later on the same clock, starts above it. If the clock goes
+	// back across a loss by more than the time since the last bump, the new store's epoch can
+	// be at or below the old one and old tokens can be issued again.
 	BumpEpoch(ctx context.Context) (int64, error)
 
 	// PruneOperations deletes operation records older than the engine's now - age and returns

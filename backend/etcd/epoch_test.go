@@ -76,30 +76,31 @@ func TestEpochBumpLeavesKeys(t *testing.T) {
 		t.Fatal(err)
 	}
 	g, err := d.Acquire(ctx, "r", "a", time.Hour)
-	if err != nil || g.Epoch != 1 || g.Generation != 1 {
-		t.Fatalf("acquire: %+v, %v", g, err)
+	if err != nil || g.Epoch < 1<<40 || g.Generation != 1 {
+		t.Fatalf("acquire: %+v, %v; want an epoch from the clock", g, err)
 	}
-	if e, err := d.BumpEpoch(ctx); err != nil || e != 2 {
-		t.Fatalf("bump: %d, %v", e, err)
+	e, err := d.BumpEpoch(ctx)
+	if err != nil || e <= g.Epoch {
+		t.Fatalf("bump: %d after %d, %v", e, g.Epoch, err)
 	}
 	if resp, err := d.cli.Get(ctx, d.keys("r").owner); err != nil || len(resp.Kvs) != 1 {
 		t.Fatalf("the owner key after the bump: %v, %v", resp, err)
 	}
 	st, err := d.Read(ctx, "r")
-	if err != nil || st.Held() || st.Owner != "" || st.Epoch != 1 || st.CurrentEpoch != 2 {
+	if err != nil || st.Held() || st.Owner != "" || st.Epoch != g.Epoch || st.CurrentEpoch != e {
 		t.Fatalf("read after the bump: %+v, %v", st, err)
 	}
-	old := driver.LeaseRef{Resource: "r", Owner: "a", Epoch: 1, Generation: 1}
+	old := driver.LeaseRef{Resource: "r", Owner: "a", Epoch: g.Epoch, Generation: 1}
 	if _, ok, err := d.Renew(ctx, old, time.Hour); ok || err != nil {
 		t.Fatalf("renew from the old epoch: %v, %v", ok, err)
 	}
 	// The owner key of the old epoch is still there: Acquire takes the "earlier epoch" path.
 	g2, err := d.Acquire(ctx, "r", "b", time.Hour)
-	if err != nil || g2.Epoch != 2 || g2.Generation != 2 {
+	if err != nil || g2.Epoch != e || g2.Generation != 2 {
 		t.Fatalf("acquire after the bump: %+v, %v", g2, err)
 	}
 	var busy *driver.BusyError
-	if _, err := d.Acquire(ctx, "r", "c", time.Hour); !errors.As(err, &busy) || busy.Epoch != 2 || busy.Generation != 2 {
+	if _, err := d.Acquire(ctx, "r", "c", time.Hour); !errors.As(err, &busy) || busy.Epoch != e || busy.Generation != 2 {
 		t.Fatalf("acquire while b holds: %v", err)
 	}
 }
@@ -126,28 +127,37 @@ func TestMissingEpochKeyIsNotApplied(t *testing.T) {
 	}
 }
 
-// TestConcurrentBumpsEachCount: bumps racing on the epoch key's compare-and-swap all land.
+// TestConcurrentBumpsEachCount: bumps racing on the epoch key's compare-and-swap all land,
+// each on an epoch of its own.
 func TestConcurrentBumpsEachCount(t *testing.T) {
 	t.Parallel()
 	ctx := testCtx(t)
 	d := migrated(t)
 	const n = 4
-	start, errs := make(chan struct{}), make(chan error, n)
+	type result struct {
+		epoch int64
+		err   error
+	}
+	start, results := make(chan struct{}), make(chan result, n)
 	for range n {
 		go func() {
 			<-start
-			_, err := d.BumpEpoch(ctx)
-			errs <- err
+			e, err := d.BumpEpoch(ctx)
+			results <- result{e, err}
 		}()
 	}
 	close(start)
+	seen := map[int64]bool{}
+	var highest int64
 	for range n {
-		if err := <-errs; err != nil {
-			t.Fatal(err)
+		r := <-results
+		if r.err != nil || seen[r.epoch] {
+			t.Fatalf("bump: %d, %v (epochs so far %v)", r.epoch, r.err, seen)
 		}
+		seen[r.epoch], highest = true, max(highest, r.epoch)
 	}
-	if e, err := d.BumpEpoch(ctx); err != nil || e != n+2 {
-		t.Fatalf("epoch after %d bumps and one more: %d, %v", n, e, err)
+	if e, err := d.BumpEpoch(ctx); err != nil || e <= highest {
+		t.Fatalf("epoch after %d bumps (highest %d) and one more: %d, %v", n, highest, e, err)
 	}
 }
 
@@ -189,13 +199,14 @@ func TestMigrateRefusesNewerSchema(t *testing.T) {
 	t.Parallel()
 	ctx := testCtx(t)
 	d := migrated(t)
-	if _, err := d.BumpEpoch(ctx); err != nil {
+	e, err := d.BumpEpoch(ctx)
+	if err != nil {
 		t.Fatal(err)
 	}
 	if err := d.Migrate(ctx); err != nil {
 		t.Fatal(err)
 	}
-	if resp, err := d.cli.Get(ctx, d.epochKey()); err != nil || string(resp.Kvs[0].Value) != encodeGen(2) {
+	if resp, err := d.cli.Get(ctx, d.epochKey()); err != nil || string(resp.Kvs[0].Value) != encodeGen(e) {
 		t.Fatalf("epoch after a second Migrate: %v, %v", resp, err)
 	}
 	if _, err := d.cli.Put(ctx, d.schemaKey(), "3"); err != nil {
@@ -223,4 +234,56 @@ func TestOperationRecordRoundTrip(t *testing.T) {
 			t.Errorf("decodeOp(%q) succeeded", bad)
 		}
 	}
+}
+
+// TestNewClusterNeverReissues: a cluster lost entirely and created again from nothing (new
+// members, new data directories) gets a store whose first token is greater than the last one
+// of the old cluster, with no operator step: the epoch comes from the clock.
+func TestNewClusterNeverReissues(t *testing.T) {
+	t.Parallel()
+	ctx := testCtx(t)
+	run := func(ops func(d *Driver)) {
+		c, err := startCluster(1)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.close()
+		cli := newClient(t, c.endpoints())
+		d := New(cli, &Options{Prefix: "/fenced/"})
+		if err := d.Migrate(ctx); err != nil {
+			t.Fatal(err)
+		}
+		if err := d.Provision(ctx, "r ü"); err != nil {
+			t.Fatal(err)
+		}
+		ops(d)
+		_ = cli.Close()
+	}
+	var last driver.Grant
+	run(func(d *Driver) {
+		for i := range 3 {
+			g, err := d.Acquire(ctx, "r ü", fmt.Sprintf("old-%d", i), time.Hour)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if _, err := d.BumpEpoch(ctx); err != nil {
+				t.Fatal(err)
+			}
+			last = g
+		}
+		g, err := d.Acquire(ctx, "r ü", "old-last", time.Hour)
+		if err != nil {
+			t.Fatal(err)
+		}
+		last = g
+	})
+	run(func(d *Driver) {
+		g, err := d.Acquire(ctx, "r ü", "new", time.Hour)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if g.Epoch < last.Epoch || g.Epoch == last.Epoch && g.Generation <= last.Generation {
+			t.Fatalf("a new cluster issued %+v, not greater than %+v issued by the lost one", g, last)
+		}
+	})
 }

@@ -22,7 +22,14 @@
 //
 // # Epochs, operation ids and source versions
 //
-// The store's epoch is one key (<prefix>epoch), created at 1 by Migrate. The gen key holds the
+// The store's epoch is one key (<prefix>epoch), created by Migrate at the clock in microseconds
+// since 1970 and set by BumpEpoch to max(epoch + 1, the clock), so that a store lost entirely (a
+// new cluster, the prefix deleted) starts above every epoch it had. etcd has no clock of its
+// own, so the clock is that of the client that creates or bumps the epoch: this assumes that
+// the clocks of the machines running fenced against one store are synchronised (NTP) to well
+// within the time a loss and a re-creation take, and never go back across the loss. A client
+// whose clock is behind the epoch's by more than that would create, after a total loss, an
+// epoch at or below the old one, and old tokens would be issued again. The gen key holds the
 // token (epoch, generation), and every lease-carrying Txn compares both the token and the
 // epoch key with the lease's, so BumpEpoch, a compare-and-swap of that one key, fences every
 // earlier lease at once; Acquire treats a lease of an earlier epoch as free, and Read reports
@@ -47,7 +54,7 @@
 // driver.DurabilityChecker. A member restored from a snapshot (etcdutl snapshot restore)
 // starts a new cluster whose history may end before acknowledged generations: bump the epoch
 // (fenced epoch bump) after a restore. The driver does not detect restores itself
-// (driver.ErrIncarnationChanged).
+// (driver.ErrIncarnationChanged); a cluster recreated empty needs nothing (see Epochs).
 package etcd
 
 import (
@@ -179,13 +186,14 @@ func (d *Driver) Close() error {
 // version 1 (before epochs) is not converted.
 const schemaVersion = 2
 
-// Migrate creates the epoch key at 1 and records the layout version where they are absent,
+// Migrate creates the epoch key at this client's clock in microseconds and records the layout
+// version where they are absent,
 // each in a Txn that never changes an existing key, and refuses a store that a newer layout
 // wrote.
 func (d *Driver) Migrate(ctx context.Context) error {
 	if _, err := d.txn(ctx, "create epoch",
 		[]clientv3.Cmp{clientv3.Compare(clientv3.CreateRevision(d.epochKey()), "=", 0)},
-		[]clientv3.Op{clientv3.OpPut(d.epochKey(), encodeGen(1))}, nil); err != nil {
+		[]clientv3.Op{clientv3.OpPut(d.epochKey(), encodeGen(epochClock()))}, nil); err != nil {
 		return err
 	}
 	resp, err := d.txn(ctx, "record schema version",
@@ -632,7 +640,12 @@ func (d *Driver) ReadOperation(ctx context.Context, opID string) (driver.Operati
 // bumpAttempts bounds the compare-and-swap retries of BumpEpoch against concurrent bumps.
 const bumpAttempts = 16
 
-// BumpEpoch increments the epoch key with a compare-and-swap on its mod revision, retried when
+// epochClock is the clock epochs are taken from: this client's, in microseconds since 1970
+// (etcd has none; see Epochs in the package documentation).
+func epochClock() int64 { return time.Now().UnixMicro() }
+
+// BumpEpoch sets the epoch key to max(epoch + 1, this client's clock in microseconds) with a
+// compare-and-swap on its mod revision, retried when
 // another bump got there first. That one key is all a bump changes: every lease-carrying Txn
 // compares the lease's epoch with it, Acquire treats a lease of an earlier epoch as free, and
 // Read reports it so. Deleting every owner key in the same Txn instead would be bounded by
@@ -651,14 +664,15 @@ func (d *Driver) BumpEpoch(ctx context.Context) (int64, error) {
 		if err != nil {
 			return 0, driver.NotApplied(fmt.Errorf("bump epoch: %w", err))
 		}
+		next := max(epoch+1, epochClock())
 		resp, err = d.txn(ctx, "bump epoch",
 			[]clientv3.Cmp{clientv3.Compare(clientv3.ModRevision(d.epochKey()), "=", cur.modRevision)},
-			[]clientv3.Op{clientv3.OpPut(d.epochKey(), encodeGen(epoch+1))}, nil)
+			[]clientv3.Op{clientv3.OpPut(d.epochKey(), encodeGen(next))}, nil)
 		if err != nil {
 			return 0, err
 		}
 		if resp.Succeeded {
-			return epoch + 1, nil
+			return next, nil
 		}
 	}
 	return 0, driver.NotApplied(fmt.Errorf("bump epoch: lost %d races in a row to other bumps", bumpAttempts))

@@ -76,6 +76,16 @@ func newTarget(t *testing.T) drivertest.Target {
 		Unreachable: func(t *testing.T) driver.Driver {
 			return New(newClientWith(t, []string{drivertest.ClosedAddr(t)}, grpc.WithChainUnaryInterceptor(failFast)), &Options{Prefix: prefix})
 		},
+		// The store is every key under its prefix; TestNewClusterNeverReissues loses a whole
+		// cluster instead.
+		LoseEverything: func(ctx context.Context) error {
+			_, err := admin.cli.Delete(ctx, prefix, clientv3.WithPrefix())
+			return err
+		},
+		SetEpoch: func(ctx context.Context, epoch int64) error {
+			_, err := admin.cli.Put(ctx, admin.epochKey(), encodeGen(epoch))
+			return err
+		},
 	}
 }
 

@@ -35,7 +35,7 @@ import (
 // Keys of the whole store, which cannot be a resource's (no field is named "epoch", "schema"
 // or "op"):
 //
-//	<prefix>epoch          the store's epoch, fixed width; Migrate creates it at 1
+//	<prefix>epoch          the store's epoch, fixed width; Migrate creates it at the clock (µs)
 //	<prefix>schema         the layout version
 //	<prefix>ops/<id>/op    one operation id's outcome (see encodeOp); never overwritten
 type keys struct {

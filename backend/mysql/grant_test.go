@@ -22,7 +22,14 @@ import (
 // a URL that connects as the user.
 func grantedRole(t *testing.T) (admin *mysql.Driver, roleURL string) {
 	t.Helper()
-	dbURL := mysql.CreateTestDatabase(t)
+	admin, roleURL, _ = grantedRoleOn(t)
+	return admin, roleURL
+}
+
+// grantedRoleOn is grantedRole that also returns the admin's URL of the database.
+func grantedRoleOn(t *testing.T) (admin *mysql.Driver, roleURL, dbURL string) {
+	t.Helper()
+	dbURL = mysql.CreateTestDatabase(t)
 	admin = open(t, dbURL)
 	s := newStore(t, admin)
 	role := "fenced_role_" + strings.ToLower(rand.Text()[:12])
@@ -45,12 +52,12 @@ func grantedRole(t *testing.T) (admin *mysql.Driver, roleURL string) {
 		t.Fatal(err)
 	}
 	u.User = url.UserPassword(role, password)
-	return admin, u.String()
+	return admin, u.String(), dbURL
 }
 
 // newGrantedTarget runs the suite connected as a role that may only call the procedures.
 func newGrantedTarget(t *testing.T) drivertest.Target {
-	admin, roleURL := grantedRole(t)
+	admin, roleURL, dbURL := grantedRoleOn(t)
 	return drivertest.Target{
 		Open: func(t *testing.T) driver.Driver { return open(t, roleURL) },
 		Expire: func(ctx context.Context, resource string) error {
@@ -64,6 +71,19 @@ func newGrantedTarget(t *testing.T) drivertest.Target {
 		Unreachable: func(t *testing.T) driver.Driver {
 			return open(t, withHost(t, roleURL, drivertest.ClosedAddr(t)))
 		},
+		// The role cannot create the schema: after the loss the admin migrates and grants again,
+		// as an operator would, and the role's store starts from what that created.
+		LoseEverything: func(ctx context.Context) error {
+			if err := mysql.RecreateTestDatabase(ctx, dbURL); err != nil {
+				return err
+			}
+			u, err := url.Parse(roleURL)
+			if err != nil {
+				return err
+			}
+			return newStore(t, open(t, dbURL)).Grant(ctx, u.User.Username())
+		},
+		SetEpoch: setEpochWith(admin),
 	}
 }
 

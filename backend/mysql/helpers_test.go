@@ -41,6 +41,31 @@ func CreateTestDatabase(tb testing.TB) string {
 	return u.String()
 }
 
+// RecreateTestDatabase drops the database dbURL names, with everything in it, and creates it
+// empty: a total loss of the store.
+func RecreateTestDatabase(ctx context.Context, dbURL string) error {
+	u, err := url.Parse(dbURL)
+	if err != nil {
+		return err
+	}
+	name := strings.TrimPrefix(u.Path, "/")
+	d, err := Open(dbURL)
+	if err != nil {
+		return err
+	}
+	defer d.Close()
+	conn, err := d.DB().Conn(ctx)
+	if err != nil {
+		return err
+	}
+	defer conn.Close()
+	if _, err := conn.ExecContext(ctx, "DROP DATABASE `"+name+"`"); err != nil {
+		return err
+	}
+	_, err = conn.ExecContext(ctx, "CREATE DATABASE `"+name+"`")
+	return err
+}
+
 // WithParam returns rawURL with one more query parameter.
 func WithParam(tb testing.TB, rawURL, key, value string) string {
 	u, err := url.Parse(rawURL)

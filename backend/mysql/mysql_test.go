@@ -55,6 +55,17 @@ func newTarget(t *testing.T) drivertest.Target {
 		Unreachable: func(t *testing.T) driver.Driver {
 			return open(t, withHost(t, dbURL, drivertest.ClosedAddr(t)))
 		},
+		LoseEverything: func(ctx context.Context) error { return mysql.RecreateTestDatabase(ctx, dbURL) },
+		SetEpoch:       setEpochWith(admin),
+	}
+}
+
+// setEpochWith overwrites the store's epoch, as a store created before epochs came from the
+// clock holds a small one.
+func setEpochWith(admin *mysql.Driver) func(ctx context.Context, epoch int64) error {
+	return func(ctx context.Context, epoch int64) error {
+		_, err := admin.DB().ExecContext(ctx, "UPDATE fenced_meta SET epoch = ?", epoch)
+		return err
 	}
 }
 

@@ -82,8 +82,15 @@ func TestAcquireDuringEpochBump(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer func() { _ = tx.Rollback() }()
+	var before, bumped int64
+	if err := d.db.QueryRowContext(ctxFor(t), `SELECT epoch FROM fenced_meta`).Scan(&before); err != nil {
+		t.Fatal(err)
+	}
 	if _, err := tx.ExecContext(ctxFor(t), sqlBumpEpoch.first.sql); err != nil {
 		t.Fatal(err)
+	}
+	if err := tx.QueryRowContext(ctxFor(t), `SELECT epoch FROM fenced_meta`).Scan(&bumped); err != nil || bumped <= before {
+		t.Fatalf("the bump set epoch %d after %d: %v", bumped, before, err)
 	}
 	type result struct {
 		g   driver.Grant
@@ -104,11 +111,11 @@ func TestAcquireDuringEpochBump(t *testing.T) {
 		t.Fatal(err)
 	}
 	r := <-got
-	if r.err != nil || r.g.Epoch != 2 || r.g.Generation != 1 {
-		t.Fatalf("acquire during the bump: %+v, %v; want epoch 2, generation 1", r.g, r.err)
+	if r.err != nil || r.g.Epoch != bumped || r.g.Generation != 1 {
+		t.Fatalf("acquire during the bump: %+v, %v; want epoch %d, generation 1", r.g, r.err, bumped)
 	}
 	st, err := d.Read(ctxFor(t), "r")
-	if err != nil || st.Epoch != 2 || st.CurrentEpoch != 2 || st.Owner != "owner" {
+	if err != nil || st.Epoch != bumped || st.CurrentEpoch != bumped || st.Owner != "owner" {
 		t.Fatalf("row after the bump: %+v, %v", st, err)
 	}
 }

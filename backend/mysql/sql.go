@@ -223,10 +223,12 @@ ON DUPLICATE KEY UPDATE op_id = op_id`)
 	sqlReadOperation = newStmt("read_operation", kindQuery, `SELECT outcome, resource, epoch, generation, `+micros("recorded_at")+`
 FROM fenced_operations WHERE op_id = :op_id`)
 
-	// sqlBumpEpoch advances the epoch (handing the new one back as the last insert id) and
-	// frees every lease, in one transaction.
+	// sqlBumpEpoch sets the epoch to max(epoch + 1, the server's clock in microseconds) (see
+	// driver.Driver.BumpEpoch), hands the new one back as the last insert id, and frees every
+	// lease, in one transaction. The clock is read when the statement starts, possibly before
+	// it waits for a concurrent bump's row lock: the epoch can only lag the clock, never lead it.
 	sqlBumpEpoch = newTx("bump_epoch",
-		newStmt("", kindExec, `UPDATE fenced_meta SET epoch = LAST_INSERT_ID(epoch + 1) WHERE id = 1`),
+		newStmt("", kindExec, `UPDATE fenced_meta SET epoch = LAST_INSERT_ID(GREATEST(epoch + 1, `+nowMicros+`)) WHERE id = 1`),
 		newStmt("", kindExec, `UPDATE fenced_resources SET lease_owner = NULL, lease_until = NULL
 WHERE lease_owner IS NOT NULL`))
 

@@ -102,11 +102,39 @@ func newTarget(params map[string]string) drivertest.NewTarget {
 		rawURL := testSchema(t, params)
 		admin := openDriver(t, rawURL)
 		return drivertest.Target{
-			Open:        func(t *testing.T) driver.Driver { return openDriver(t, rawURL) },
-			Expire:      expireWith(admin),
-			LostReply:   func(t *testing.T) (driver.Driver, func()) { return lossyDriver(t, rawURL) },
-			Unreachable: unreachable,
+			Open:           func(t *testing.T) driver.Driver { return openDriver(t, rawURL) },
+			Expire:         expireWith(admin),
+			LostReply:      func(t *testing.T) (driver.Driver, func()) { return lossyDriver(t, rawURL) },
+			Unreachable:    unreachable,
+			LoseEverything: func(ctx context.Context) error { return recreateSchema(ctx, rawURL) },
+			SetEpoch:       setEpochWith(admin),
 		}
+	}
+}
+
+// recreateSchema drops the schema that rawURL's search_path names, with everything in it, and
+// creates it empty: a total loss of the store, as a re-initialised cluster would be.
+func recreateSchema(ctx context.Context, rawURL string) error {
+	u, err := url.Parse(rawURL)
+	if err != nil {
+		return err
+	}
+	schema := pgx.Identifier{u.Query().Get("search_path")}.Sanitize()
+	conn, err := pgx.Connect(ctx, rawURL)
+	if err != nil {
+		return err
+	}
+	defer conn.Close(context.WithoutCancel(ctx))
+	_, err = conn.Exec(ctx, "DROP SCHEMA "+schema+" CASCADE; CREATE SCHEMA "+schema)
+	return err
+}
+
+// setEpochWith overwrites the store's epoch, as a store created before epochs came from the
+// clock holds a small one.
+func setEpochWith(admin *Driver) func(ctx context.Context, epoch int64) error {
+	return func(ctx context.Context, epoch int64) error {
+		_, err := admin.Pool().Exec(ctx, "UPDATE fenced_meta SET epoch = $1", epoch)
+		return err
 	}
 }
 

@@ -318,6 +318,19 @@ func grantedTarget(params map[string]string) drivertest.NewTarget {
 			Expire:      expireWith(admin),
 			LostReply:   func(t *testing.T) (driver.Driver, func()) { return lossyDriver(t, roleURL) },
 			Unreachable: unreachable,
+			// The role cannot create the schema: after the loss the owner migrates and grants
+			// again, as an operator would, and the role's store starts from what that created.
+			LoseEverything: func(ctx context.Context) error {
+				if err := recreateSchema(ctx, rawURL); err != nil {
+					return err
+				}
+				owner := openDriver(t, rawURL)
+				if err := owner.Migrate(ctx); err != nil {
+					return err
+				}
+				return owner.Grant(ctx, role)
+			},
+			SetEpoch: setEpochWith(admin),
 		}
 	}
 }

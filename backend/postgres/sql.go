@@ -16,6 +16,11 @@ import (
 // Durations arrive as microseconds ($n) and become intervals in SQL.
 const ttlInterval = `* interval '1 microsecond'`
 
+// epochClock is the server's clock in microseconds since 1970, the clock a new or bumped epoch
+// is taken from (see driver.Driver.BumpEpoch). The migration that creates fenced_meta uses the
+// same expression.
+const epochClock = `floor(extract(epoch FROM clock_timestamp()) * 1000000)::bigint`
+
 // currentEpoch is the store's epoch, read inside the statement that uses it.
 const currentEpoch = `(SELECT epoch FROM fenced_meta WHERE id = 1)`
 
@@ -132,12 +137,13 @@ ON CONFLICT (op_id) DO NOTHING`
 
 	sqlReadOperation = `SELECT outcome, resource, epoch, generation, recorded_at FROM fenced_operations WHERE op_id = $1`
 
-	// sqlBumpEpoch frees every lease and advances the epoch, recording the server's current
-	// incarnation, in one statement (a data-modifying CTE always runs to completion).
+	// sqlBumpEpoch frees every lease and sets the epoch to max(epoch + 1, the server's clock),
+	// recording the server's current incarnation, in one statement (a data-modifying CTE always
+	// runs to completion).
 	sqlBumpEpoch = `WITH freed AS (
     UPDATE fenced_resources SET lease_owner = NULL, lease_until = NULL WHERE lease_owner IS NOT NULL
 )
-UPDATE fenced_meta SET epoch = epoch + 1, ` + recordIncarnation + ` WHERE id = 1
+UPDATE fenced_meta SET epoch = greatest(epoch + 1, ` + epochClock + `), ` + recordIncarnation + ` WHERE id = 1
 RETURNING epoch`
 
 	sqlPrune = `DELETE FROM fenced_operations WHERE recorded_at < clock_timestamp() - $1::bigint ` + ttlInterval

@@ -31,11 +31,19 @@
 // acquisitions, and an old token becomes valid again after the restart. Replication is
 // asynchronous: when a replica is promoted (Sentinel failover) it may lack the newest
 // acquisitions, which rolls generations back in the same way (WAIT after each write would not
-// change that: the failover need not pick a replica that acknowledged). After such a restart,
-// restore or failover, advance the epoch (fenced epoch bump): every earlier token is then
-// refused. Redis has no incarnation this driver could compare (the run id changes at every
-// restart, restored or not), so the driver never reports driver.ErrIncarnationChanged; the bump
-// is the operator's step. Driver.CheckDurability reports a server configured otherwise.
+// change that: the failover need not pick a replica that acknowledged).
+//
+// Tokens stay unique across those losses without an operator. The epoch key is created at the
+// server's TIME in microseconds since 1970 and every bump sets it to max(epoch + 1, TIME), so a
+// store lost entirely (a restart without persistence, FLUSHDB) starts above every epoch it had.
+// A restart from an older snapshot or a promotion keeps the keys but loses history; the server
+// then reports a new run_id or master_replid, and the first lease-carrying script after it
+// bumps the epoch itself (scripts.go, "Restarts and promotions"). Both rest on one assumption:
+// the server's clock does not go back across the loss, to before the epoch it had (run it with
+// NTP; a clock set back by more than the time since the last bump would let a store created
+// after a total loss start at or below its old epoch, and issue old tokens again). What no
+// bump brings back is the lost data: a publication acknowledged and then lost is gone, and a
+// reader may see an older payload. Driver.CheckDurability reports a server configured so.
 //
 // # Unknown outcomes and retries
 //
@@ -76,8 +84,9 @@ import (
 const DefaultKeyPrefix = "fenced:"
 
 // schemaVersion is the layout of the keys that this driver reads and writes. Version 2 added
-// the epoch key, operation records and source versions.
-const schemaVersion = 2
+// the epoch key, operation records and source versions; version 3 the incarnation key, which a
+// version-2 driver would not check.
+const schemaVersion = 3
 
 // Options configures a Driver. A nil *Options means the defaults. Options is read once by New
 // and may be reused afterwards.
@@ -152,10 +161,10 @@ var _ driver.DurabilityChecker = (*Driver)(nil)
 
 // CheckDurability returns a warning unless the server the client reaches runs with
 // appendonly yes and appendfsync always, the configuration under which an acknowledged
-// generation survives a crash. It needs the CONFIG command, which some hosted services refuse;
-// when the settings cannot be read it returns the error, and the store decides (fenced.Config
-// StrictDurability). On a replica set, check the primary and each replica that could be
-// promoted.
+// generation survives a crash, and with a maxmemory-policy that cannot evict fenced's keys. It
+// needs the CONFIG command, which some hosted services refuse; when the settings cannot be
+// read it returns the error, and the store decides (fenced.Config StrictDurability). On a
+// replica set, check the primary and each replica that could be promoted.
 func (d *Driver) CheckDurability(ctx context.Context) ([]string, error) {
 	cfg, err := d.client.ConfigGet(ctx, "append*").Result()
 	if err != nil {
@@ -168,11 +177,21 @@ func (d *Driver) CheckDurability(ctx context.Context) ([]string, error) {
 	if v := cfg["appendfsync"]; v != "always" {
 		out = append(out, fmt.Sprintf("Redis appendfsync is %q, not \"always\": a crash can lose acknowledged writes", v))
 	}
+	// fenced's keys carry no expiry, so only an allkeys-* policy can evict them: an evicted
+	// resource hash, provisioned again, would issue its generations again under the same epoch.
+	policy, err := d.client.ConfigGet(ctx, "maxmemory-policy").Result()
+	if err != nil {
+		return nil, fmt.Errorf("read redis config: %w", err)
+	}
+	if v := policy["maxmemory-policy"]; strings.HasPrefix(v, "allkeys-") {
+		out = append(out, fmt.Sprintf("Redis maxmemory-policy is %q: under memory pressure it evicts fenced's keys, and their generations with them", v))
+	}
 	return out, nil
 }
 
 // Migrate has no schema to create: it records the layout version under KeyPrefix + "schema",
-// creates the epoch key (KeyPrefix + "epoch") at 1 where it is absent, and refuses to work on
+// creates the epoch key (KeyPrefix + "epoch") at the server's clock in microseconds, with the
+// server's incarnation, where it is absent, and refuses to work on
 // data that a newer layout wrote. It also loads every script into the server's cache, so that
 // the first run of each is a single EVALSHA.
 func (d *Driver) Migrate(ctx context.Context) error {
@@ -180,7 +199,7 @@ func (d *Driver) Migrate(ctx context.Context) error {
 		return errors.New("migrate: Redis Cluster is not supported (see the package documentation)")
 	}
 	key := d.prefix + "schema"
-	v, err := d.run(ctx, scriptMigrate, "migrate", []string{key, d.epochKey()}, schemaVersion).Int64()
+	v, err := d.run(ctx, scriptMigrate, "migrate", []string{key, d.epochKey(), d.incarnationKey()}, schemaVersion).Int64()
 	if err != nil {
 		return err
 	}
@@ -237,7 +256,7 @@ func (d *Driver) PublishAndRelease(ctx context.Context, l driver.LeaseRef, pub d
 // publish runs one publication script: the payload and the accepted operation record are
 // written by the same script, so both happen or neither does.
 func (d *Driver) publish(ctx context.Context, s *goredis.Script, name string, l driver.LeaseRef, pub driver.Publication) (bool, error) {
-	keys := []string{d.Key(l.Resource), d.epochKey(), d.OperationKey(pub.OpID)}
+	keys := []string{d.Key(l.Resource), d.epochKey(), d.incarnationKey(), d.OperationKey(pub.OpID)}
 	return d.ok(ctx, s, name, keys, l.Owner, l.Generation, l.Epoch, pub.Payload, pub.SourceVersion, l.Resource)
 }
 
@@ -360,10 +379,11 @@ func (d *Driver) operation(ctx context.Context, s *goredis.Script, name, opID st
 	return op, nil
 }
 
-// BumpEpoch increments the epoch key, which fences every lease of an earlier epoch at once:
-// every lease-carrying script compares the lease's epoch with the current one (scripts.go).
+// BumpEpoch sets the epoch key to max(epoch + 1, the server's TIME in microseconds) and records
+// the server's incarnation. That fences every lease of an earlier epoch at once: every
+// lease-carrying script compares the lease's epoch with the current one (scripts.go).
 func (d *Driver) BumpEpoch(ctx context.Context) (int64, error) {
-	return d.run(ctx, scriptBumpEpoch, "bump-epoch", []string{d.epochKey()}).Int64()
+	return d.run(ctx, scriptBumpEpoch, "bump-epoch", []string{d.epochKey(), d.incarnationKey()}).Int64()
 }
 
 // pruneBatch bounds the keys one prune script declares (and unpacks into one DEL).
@@ -404,9 +424,12 @@ func (d *Driver) OperationKey(opID string) string { return d.prefix + "op:" + op
 
 func (d *Driver) epochKey() string { return d.prefix + "epoch" }
 
-// leaseKeys are the keys of every lease-carrying script: the resource's hash and the epoch.
+func (d *Driver) incarnationKey() string { return d.prefix + "incarnation" }
+
+// leaseKeys are the keys of every lease-carrying script: the resource's hash, the epoch and the
+// recorded incarnation.
 func (d *Driver) leaseKeys(resource string) []string {
-	return []string{d.Key(resource), d.epochKey()}
+	return []string{d.Key(resource), d.epochKey(), d.incarnationKey()}
 }
 
 // run runs one script (EVALSHA, falling back to EVAL when the server has not cached it) and

@@ -7,7 +7,10 @@ import goredis "github.com/redis/go-redis/v9"
 // declared in KEYS:
 //
 //	resource hash   KeyPrefix + "r:{" + name + "}"
-//	epoch           KeyPrefix + "epoch", the store's epoch as a decimal string (Migrate sets 1)
+//	epoch           KeyPrefix + "epoch", the store's epoch as a decimal string (Migrate creates
+//	                it at the server's clock in microseconds since 1970)
+//	incarnation     KeyPrefix + "incarnation", the server's run_id and master_replid when the
+//	                epoch was created or last bumped
 //	operation       KeyPrefix + "op:" + id, one hash per recorded operation id
 //	schema          KeyPrefix + "schema", the layout version
 //
@@ -41,11 +44,28 @@ import goredis "github.com/redis/go-redis/v9"
 //
 // # Epochs
 //
-// BumpEpoch is one INCR of the epoch key; it does not visit the resource hashes, which would
+// BumpEpoch is one SET of the epoch key, to max(epoch + 1, TIME in microseconds); it does not visit the resource hashes, which would
 // mean touching keys no script can declare in advance. Instead every lease-carrying script
 // requires lease.epoch == the current epoch (read from the declared epoch key), so a bump
 // fences every earlier lease at once, and Acquire treats a row whose epoch is older than the
 // current one as free. Read reports such a row without an owner, as it would after a release.
+//
+// # Restarts and promotions
+//
+// A Redis server that restarts from an older snapshot, or without persistence, or a replica
+// promoted in a failover, may have lost acquisitions it acknowledged. Each such event changes
+// what INFO reports: a restart gives the process a new run_id, and a promotion gives the new
+// primary a new master_replid (also when the promoted process was the primary before and was
+// re-synced as a replica in between, so that its run_id is the one recorded). Every
+// lease-carrying script reads both from INFO itself, inside the script, so no caller can supply
+// them, and compares them with the incarnation key. When they differ (or the key is missing,
+// as in a store from before this check) the script bumps the epoch before anything else, to
+// max(epoch + 1, TIME), records the new incarnation, and then does its work under the new
+// epoch: an acquisition gets a token above every token of the lost history, and a lease from
+// before the event is refused. A bump can only make tokens larger and fence leases, never make
+// an old token valid, so bumping at a restart that lost nothing costs only the leases held
+// across it. The check needs INFO to be callable from scripts (an ACL that denies @dangerous
+// denies it); a script that cannot read the run id fails before writing anything.
 //
 // Integers that pass through Lua are doubles there: exact up to 2^53, far above a microsecond
 // clock (about 2^51 today) or any generation. They are written back with string.format('%d')
@@ -79,6 +99,41 @@ if not epoch then
 end
 `
 
+// serverIncarnation reads the server's run_id and master_replid from INFO, inside the script.
+const serverIncarnation = `
+local function serverIncarnation()
+  local run = string.match(redis.call('INFO', 'server'), 'run_id:(%x+)')
+  local replid = string.match(redis.call('INFO', 'replication'), 'master_replid:(%x+)')
+  if not run or not replid then
+    return nil
+  end
+  return run .. ':' .. replid
+end
+`
+
+// checkIncarnation follows currentEpoch and serverNow in every lease-carrying script. When the
+// server's incarnation differs from the one recorded in KEYS[3] (or none is recorded), it moves
+// epoch to max(epoch + 1, now) in the script's view; recordBump, called at the script's first
+// write (or instead of one, when the script refuses), stores it. See "Restarts and promotions".
+const checkIncarnation = serverIncarnation + `
+local incarnation = serverIncarnation()
+if not incarnation then
+  return redis.error_reply('ERR fenced: INFO does not report run_id and master_replid')
+end
+local bumped = redis.call('GET', KEYS[3]) ~= incarnation
+if bumped then
+  epoch = string.format('%d', math.max(tonumber(epoch) + 1, now))
+end
+-- Called after the script's checks, so that an error reply still means nothing was written.
+local function recordBump()
+  if bumped then
+    redis.call('SET', KEYS[2], epoch)
+    redis.call('SET', KEYS[3], incarnation)
+    bumped = false
+  end
+end
+`
+
 // holds is true where the row's lease belongs to (owner ARGV[1], generation ARGV[2], epoch
 // ARGV[3]), that epoch is the current one, and the lease has not expired. row holds the fields
 // owner, generation, epoch, lease_until_us in that order.
@@ -100,10 +155,11 @@ return 1
 // luaAcquire returns {1, epoch, generation, lease_until_us} when granted, {0, holder epoch,
 // holder generation, holder lease_until_us} when busy, and {-1, 0, 0, 0} when the row does not
 // exist. A lease from an earlier epoch is free: the bump that ended that epoch freed it.
-// KEYS: resource, epoch. ARGV: owner, ttl in microseconds.
-const luaAcquire = writes + serverNow + currentEpoch + `
+// KEYS: resource, epoch, incarnation. ARGV: owner, ttl in microseconds.
+const luaAcquire = writes + serverNow + currentEpoch + checkIncarnation + `
 local row = redis.call('HMGET', KEYS[1], 'generation', 'owner', 'lease_until_us', 'epoch')
 if not row[1] then
+  recordBump()
   return {-1, 0, 0, 0}
 end
 local ttl = tonumber(ARGV[2])
@@ -117,17 +173,20 @@ if row[2] and row[4] == epoch and tonumber(row[3]) > now then
 end
 -- HINCRBY is the first write: if the field is not an integer it fails before anything changed.
 local generation = redis.call('HINCRBY', KEYS[1], 'generation', 1)
+recordBump()
 local untilUs = now + ttl
 redis.call('HSET', KEYS[1], 'owner', ARGV[1], 'lease_until_us', string.format('%d', untilUs), 'epoch', epoch)
 return {1, tonumber(epoch), generation, untilUs}
 `
 
 // luaRenew returns the new lease_until_us, or 0 when the lease is not current and unexpired.
-// KEYS: resource, epoch. ARGV: owner, generation, epoch, ttl in microseconds.
-const luaRenew = writes + serverNow + currentEpoch + holds + `
+// KEYS: resource, epoch, incarnation. ARGV: owner, generation, epoch, ttl in microseconds.
+const luaRenew = writes + serverNow + currentEpoch + checkIncarnation + holds + `
 local row = redis.call('HMGET', KEYS[1], 'owner', 'generation', 'epoch', 'lease_until_us')
 local ttl = tonumber(ARGV[4])
-if not holds(row) then
+local current = holds(row)
+recordBump()
+if not current then
   return 0
 end
 local untilUs = now + ttl
@@ -139,15 +198,17 @@ return untilUs
 // current and unexpired, its generation has not published yet, the source version (if any) is
 // not older than the published one, and the operation id has no recorded outcome. The scripts
 // below return 1 when it did, 0 when refused.
-// KEYS: resource, epoch, operation. ARGV: owner, generation, epoch, payload, source version
-// (0: none), resource name.
-const publishBody = serverNow + currentEpoch + holds + `
+// KEYS: resource, epoch, incarnation, operation. ARGV: owner, generation, epoch, payload,
+// source version (0: none), resource name.
+const publishBody = serverNow + currentEpoch + checkIncarnation + holds + `
 local row = redis.call('HMGET', KEYS[1], 'owner', 'generation', 'epoch', 'lease_until_us',
   'published_generation', 'source_version')
 local sv = tonumber(ARGV[5])
-if redis.call('EXISTS', KEYS[3]) == 1 or not holds(row)
+local refused = redis.call('EXISTS', KEYS[4]) == 1 or not holds(row)
   or tonumber(row[5]) >= tonumber(ARGV[2])
-  or (sv > 0 and tonumber(row[6] or '0') > sv) then
+  or (sv > 0 and tonumber(row[6] or '0') > sv)
+recordBump()
+if refused then
   return 0
 end
 local at = string.format('%d', now)
@@ -156,7 +217,7 @@ redis.call('HSET', KEYS[1], 'payload', ARGV[4], 'published_generation', ARGV[2],
 if sv > 0 then
   redis.call('HSET', KEYS[1], 'source_version', ARGV[5])
 end
-redis.call('HSET', KEYS[3], 'outcome', 'accepted', 'resource', ARGV[6], 'epoch', ARGV[3],
+redis.call('HSET', KEYS[4], 'outcome', 'accepted', 'resource', ARGV[6], 'epoch', ARGV[3],
   'generation', ARGV[2], 'recorded_at_us', at)
 `
 
@@ -171,9 +232,10 @@ return 1
 
 // luaRelease frees the lease where owner, generation and epoch match and the epoch is the
 // current one, expired or not; it never touches the counters.
-// KEYS: resource, epoch. ARGV: owner, generation, epoch.
-const luaRelease = writes + currentEpoch + `
+// KEYS: resource, epoch, incarnation. ARGV: owner, generation, epoch.
+const luaRelease = writes + serverNow + currentEpoch + checkIncarnation + `
 local row = redis.call('HMGET', KEYS[1], 'owner', 'generation', 'epoch')
+recordBump()
 if row[1] ~= ARGV[1] or row[2] ~= ARGV[2] or row[3] ~= ARGV[3] or ARGV[3] ~= epoch then
   return 0
 end
@@ -225,13 +287,22 @@ const luaReadOperation = reads + `
 return redis.call('HMGET', KEYS[1], 'outcome', 'resource', 'epoch', 'generation', 'recorded_at_us')
 `
 
-// luaBumpEpoch increments the epoch and returns it. That alone frees every lease: see Epochs
-// above. A missing key is an error, never a restart at 1. KEYS: epoch.
-const luaBumpEpoch = writes + `
-if redis.call('EXISTS', KEYS[1]) == 0 then
+// luaBumpEpoch sets the epoch to max(epoch + 1, TIME in microseconds), records the server's
+// incarnation, and returns the epoch. That alone frees every lease: see Epochs above. A missing
+// key is an error: Migrate creates it. KEYS: epoch, incarnation.
+const luaBumpEpoch = writes + serverNow + serverIncarnation + `
+local epoch = redis.call('GET', KEYS[1])
+if not epoch then
   return redis.error_reply('ERR fenced: the epoch key is missing; run Migrate')
 end
-return redis.call('INCR', KEYS[1])
+local incarnation = serverIncarnation()
+if not incarnation or not tonumber(epoch) then
+  return redis.error_reply('ERR fenced: INFO does not report run_id and master_replid, or the epoch is not a number')
+end
+local bumped = math.max(tonumber(epoch) + 1, now)
+redis.call('SET', KEYS[1], string.format('%d', bumped))
+redis.call('SET', KEYS[2], incarnation)
+return bumped
 `
 
 // luaPrune deletes the operation records among KEYS recorded before now - ARGV[1]
@@ -254,10 +325,14 @@ return #old
 `
 
 // luaMigrate records this driver's schema version unless a newer one is recorded, creates the
-// epoch key at 1 where it is absent, and returns the version recorded before (0: none).
-// Version 1 had no epochs: its rows have no epoch field, so any lease they hold is from an
-// earlier epoch than 1 and is free after the upgrade. KEYS: schema, epoch. ARGV: version.
-const luaMigrate = writes + `
+// epoch key at the server's clock in microseconds (with the server's incarnation) where it is
+// absent, and returns the version recorded before (0: none). A store lost entirely (flushed, or
+// a server restarted without persistence) thus starts above every epoch it had, so its tokens
+// are above every token it issued. Version 1 had no epochs: its rows have no epoch field, so any
+// lease they hold is from an earlier epoch and is free after the upgrade. Version 2 recorded no
+// incarnation: the first lease-carrying script bumps its epoch. KEYS: schema, epoch,
+// incarnation. ARGV: version.
+const luaMigrate = writes + serverNow + serverIncarnation + `
 local v = redis.call('GET', KEYS[1])
 local n = 0
 if v then
@@ -273,8 +348,15 @@ end
 if n > tonumber(ARGV[1]) then
   return n
 end
+local incarnation = serverIncarnation()
+if not incarnation then
+  return redis.error_reply('ERR fenced: INFO does not report run_id and master_replid')
+end
 redis.call('SET', KEYS[1], ARGV[1])
-redis.call('SET', KEYS[2], '1', 'NX')
+if not e then
+  redis.call('SET', KEYS[2], string.format('%d', now))
+  redis.call('SET', KEYS[3], incarnation)
+end
 return n
 `
 

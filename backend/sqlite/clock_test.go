@@ -29,8 +29,9 @@ func TestConformanceClockOffset(t *testing.T) {
 		}
 		admin := open(t)
 		return drivertest.Target{
-			Open:      func(t *testing.T) driver.Driver { return open(t) },
-			LostReply: func(t *testing.T) (driver.Driver, func()) { return drivertest.LoseReplies(open(t)) },
+			Open:           func(t *testing.T) driver.Driver { return open(t) },
+			LostReply:      func(t *testing.T) (driver.Driver, func()) { return drivertest.LoseReplies(open(t)) },
+			LoseEverything: func(context.Context) error { return deleteDatabase(path) },
 			Expire: func(ctx context.Context, resource string) error {
 				_, err := admin.DB().ExecContext(ctx, admin.q(`UPDATE fenced_resources
 					SET lease_until = `+nowMicros+` - 1000000
@@ -95,5 +96,32 @@ func TestClockOffset(t *testing.T) {
 	}
 	if _, ok, err := a.Renew(ctx, driver.LeaseRef{Resource: "r", Owner: "A", Generation: 1}, time.Hour); ok || err != nil {
 		t.Fatalf("renewal of the superseded lease: ok=%v err=%v", ok, err)
+	}
+}
+
+// TestEpochIgnoresClockOffset: the offset that moves expiry (a torture clock jump) does not
+// move epochs, which come from the real clock: an hour back, a bump still reaches now.
+func TestEpochIgnoresClockOffset(t *testing.T) {
+	ctx := context.Background()
+	dir := t.TempDir()
+	clock := filepath.Join(dir, "clock")
+	if err := os.WriteFile(clock, []byte(strconv.FormatInt(-time.Hour.Microseconds(), 10)), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	d, err := Open(filepath.Join(dir, "fenced.db"), WithClockOffsetFile(clock))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = d.Close() })
+	if err := d.Migrate(ctx); err != nil {
+		t.Fatal(err)
+	}
+	before := time.Now().UnixMicro()
+	epoch, err := d.BumpEpoch(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if epoch < before {
+		t.Fatalf("bumped to %d with the clock offset an hour back; want at least the real clock %d", epoch, before)
 	}
 }

@@ -5,6 +5,14 @@ package sqlite
 // the same instant.
 const nowMicros = `CAST(unixepoch('subsec') * 1000000 AS INTEGER)`
 
+// epochClock is the clock a new or bumped epoch is taken from: the system's real-time clock in
+// microseconds since 1970, read through fenced_epoch_clock_us (registered by this package for
+// every connection). SQLite runs inside the process, so its clock is the process's; its own
+// functions read that clock in whole milliseconds only, and a store deleted and created again
+// within one millisecond would then start at the epoch it had. WithClockOffsetFile does not
+// move this clock: a jump of the expiry clock must not move epochs.
+const epochClock = `fenced_epoch_clock_us()`
+
 // currentEpoch is the store's epoch, read inside the statement that uses it.
 const currentEpoch = `(SELECT epoch FROM fenced_meta WHERE id = 1)`
 
@@ -59,7 +67,8 @@ RETURNING outcome, resource, epoch, generation, recorded_at`
 
 	sqlReadOperation = `SELECT outcome, resource, epoch, generation, recorded_at FROM fenced_operations WHERE op_id = ?1`
 
-	sqlBumpEpoch = `UPDATE fenced_meta SET epoch = epoch + 1 WHERE id = 1 RETURNING epoch`
+	// sqlBumpEpoch sets the epoch to max(epoch + 1, the clock): see driver.Driver.BumpEpoch.
+	sqlBumpEpoch = `UPDATE fenced_meta SET epoch = max(epoch + 1, ` + epochClock + `) WHERE id = 1 RETURNING epoch`
 
 	sqlFreeAll = `UPDATE fenced_resources SET lease_owner = NULL, lease_until = NULL WHERE lease_owner IS NOT NULL`
 

@@ -103,6 +103,19 @@ func WithClockOffsetFile(path string) Option {
 	}
 }
 
+// The epoch clock (sql.go, epochClock) is registered when the package is loaded, before any
+// connection can be opened, so that it exists on every connection, also on a handle passed to
+// New.
+func init() {
+	err := sqlite.RegisterScalarFunction("fenced_epoch_clock_us", 0,
+		func(*sqlite.FunctionContext, []sqldriver.Value) (sqldriver.Value, error) {
+			return time.Now().UnixMicro(), nil
+		})
+	if err != nil {
+		panic("fenced/backend/sqlite: register fenced_epoch_clock_us: " + err.Error())
+	}
+}
+
 var registerClockOffset = sync.OnceValue(func() error {
 	// Registered once per process; it is available to connections opened afterwards.
 	return sqlite.RegisterScalarFunction("fenced_clock_offset_us", 1,
@@ -374,7 +387,8 @@ func (d *Driver) operation(ctx context.Context, query, opID string) (driver.Oper
 	return op, nil
 }
 
-// BumpEpoch advances the epoch and frees every lease in one IMMEDIATE transaction.
+// BumpEpoch sets the epoch to max(epoch + 1, the clock) and frees every lease in one IMMEDIATE
+// transaction.
 func (d *Driver) BumpEpoch(ctx context.Context) (int64, error) {
 	release, err := d.write(ctx)
 	if err != nil {

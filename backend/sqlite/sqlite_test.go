@@ -2,6 +2,9 @@ package sqlite
 
 import (
 	"context"
+	"errors"
+	"io/fs"
+	"os"
 	"path/filepath"
 	"testing"
 
@@ -12,6 +15,16 @@ import (
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+// deleteDatabase deletes the database file and its WAL files, as a user would.
+func deleteDatabase(path string) error {
+	for _, suffix := range []string{"", "-wal", "-shm"} {
+		if err := os.Remove(path + suffix); err != nil && !errors.Is(err, fs.ErrNotExist) {
+			return err
+		}
+	}
+	return nil
+}
 
 // newTarget gives each test its own database file.
 func newTarget(t *testing.T) drivertest.Target {
@@ -26,6 +39,13 @@ func newTarget(t *testing.T) drivertest.Target {
 	}
 	admin := open(t)
 	return drivertest.Target{
+		// The file is deleted as a user would delete it; connections still open on it keep the
+		// deleted inode, and the next Open creates a new file.
+		LoseEverything: func(context.Context) error { return deleteDatabase(path) },
+		SetEpoch: func(ctx context.Context, epoch int64) error {
+			_, err := admin.DB().ExecContext(ctx, `UPDATE fenced_meta SET epoch = ?`, epoch)
+			return err
+		},
 		Open:      func(t *testing.T) driver.Driver { return mutate(open(t)) },
 		LostReply: func(t *testing.T) (driver.Driver, func()) { return drivertest.LoseReplies(open(t)) },
 		Expire: func(ctx context.Context, resource string) error {

@@ -33,6 +33,8 @@ type BenchTarget struct {
 	Open func(b *testing.B) driver.Driver
 	// Raw returns the baseline on the same database, with a pool of the same size.
 	Raw func(b *testing.B) Raw
+	// AllowNonDurable opens the store with fenced.Config.AllowNonDurable (see Target).
+	AllowNonDurable bool
 }
 
 const benchTTL = time.Minute
@@ -47,7 +49,7 @@ const benchTTL = time.Minute
 // the lease held. On the hot resource ns/op mixes busy and granted iterations, so compare the
 // per-operation metrics there.
 func Bench(b *testing.B, target BenchTarget) {
-	store, err := fenced.New(context.Background(), target.Open(b), nil)
+	store, err := fenced.New(context.Background(), target.Open(b), &fenced.Config{AllowNonDurable: target.AllowNonDurable})
 	if err != nil {
 		b.Fatal(err)
 	}

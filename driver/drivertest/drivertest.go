@@ -37,6 +37,23 @@ type Target struct {
 	// Unreachable returns a driver for this backend whose requests can never reach a server
 	// (pointed at ClosedAddr). Nil for an embedded engine.
 	Unreachable func(t *testing.T) driver.Driver
+
+	// LoseEverything destroys the store as a total loss would (the file deleted, the schema
+	// or database dropped, the keys flushed, a new cluster), so that the next Open starts a
+	// new, empty store in the same place. Drivers opened before it are not used afterwards.
+	// Nil only when the backend cannot do it; NoLoseEverything then says why, and the tests
+	// that need it skip loudly.
+	LoseEverything   func(ctx context.Context) error
+	NoLoseEverything string
+
+	// SetEpoch overwrites the store's epoch with a small value, as a store created before
+	// epochs came from the clock holds it, to show that such a store keeps working. Nil skips
+	// that test loudly.
+	SetEpoch func(ctx context.Context, epoch int64) error
+
+	// AllowNonDurable opens the suite's stores with fenced.Config.AllowNonDurable, for a test
+	// server that runs without durable settings (this machine's Redis has no append-only file).
+	AllowNonDurable bool
 }
 
 // NewTarget returns a Target for one test; the backend creates a fresh schema, database or
@@ -77,6 +94,10 @@ func Run(t *testing.T, newTarget NewTarget) {
 		{"PruneOperations", testPruneOperations},
 		{"SourceVersions", testSourceVersions},
 		{"EpochBumpFencesEarlierLeases", testEpochBump},
+		{"EpochComesFromTheClock", testEpochFromClock},
+		{"SmallEpochKeepsWorking", testSmallEpoch},
+		{"TotalLossNeverReissuesAToken", testTotalLoss},
+		{"TotalLossAfterABump", testTotalLossAfterBump},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -94,12 +115,22 @@ type env struct {
 func (e *env) store(t *testing.T) *fenced.Store {
 	t.Helper()
 	drv := e.Open(t)
-	s, err := fenced.New(ctx(t), drv, &fenced.Config{MaxPayloadBytes: 1 << 20})
+	s, err := fenced.New(ctx(t), drv, e.config(&fenced.Config{MaxPayloadBytes: 1 << 20}))
 	if err != nil {
 		t.Fatalf("new store: %v", err)
 	}
 	t.Cleanup(func() { _ = s.Close() })
 	return s
+}
+
+// config returns c (nil: the defaults) with the target's durability opt-in.
+func (e *env) config(c *fenced.Config) *fenced.Config {
+	var out fenced.Config
+	if c != nil {
+		out = *c
+	}
+	out.AllowNonDurable = e.AllowNonDurable
+	return &out
 }
 
 func ctx(t *testing.T) context.Context {
@@ -505,7 +536,7 @@ func testProvisionIdempotent(t *testing.T, e *env) {
 // operational error, never with busy or not provisioned.
 func testDatabaseErrorIsNotBusy(t *testing.T, e *env) {
 	drv := e.Open(t)
-	s, err := fenced.New(ctx(t), drv, nil)
+	s, err := fenced.New(ctx(t), drv, e.config(nil))
 	if err != nil {
 		t.Fatal(err)
 	}

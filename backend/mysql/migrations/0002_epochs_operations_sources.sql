@@ -13,7 +13,11 @@ CREATE TABLE IF NOT EXISTS fenced_meta (
     epoch BIGINT  NOT NULL,
     CONSTRAINT fenced_meta_one_row CHECK (id = 1)
 ) ENGINE = InnoDB;
-INSERT INTO fenced_meta (id, epoch) VALUES (1, 1) ON DUPLICATE KEY UPDATE id = id;
+-- A new store's epoch is the server's clock in microseconds since 1970 (sql.go, nowMicros), so
+-- that a store created again after a total loss issues tokens above every token of the old one.
+INSERT INTO fenced_meta (id, epoch)
+VALUES (1, TIMESTAMPDIFF(MICROSECOND, TIMESTAMP'1970-01-01 00:00:00', UTC_TIMESTAMP(6)))
+ON DUPLICATE KEY UPDATE id = id;
 
 -- Outcomes of publications by operation id. Later publications never overwrite a record:
 -- 'accepted' is written with the payload, 'aborted' by Resolve for an id that never arrived.

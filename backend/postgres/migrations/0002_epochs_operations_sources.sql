@@ -15,7 +15,9 @@ CREATE TABLE fenced_meta (
     system_identifier bigint,
     timeline          bigint
 );
-INSERT INTO fenced_meta (id, epoch) VALUES (1, 1);
+-- A new store's epoch is the server's clock in microseconds since 1970 (sql.go, epochClock), so
+-- that a store created again after a total loss issues tokens above every token of the old one.
+INSERT INTO fenced_meta (id, epoch) VALUES (1, floor(extract(epoch FROM clock_timestamp()) * 1000000)::bigint);
 
 -- Outcomes of publications by operation id. Later publications never overwrite a record:
 -- 'accepted' is written in the publication's statement, 'aborted' by Resolve for an id that

@@ -8,7 +8,9 @@ CREATE TABLE fenced_meta (
     id    INTEGER NOT NULL PRIMARY KEY CHECK (id = 1),
     epoch INTEGER NOT NULL
 ) STRICT;
-INSERT INTO fenced_meta (id, epoch) VALUES (1, 1);
+-- A new store's epoch is the clock in microseconds since 1970 (sql.go, epochClock), so that a
+-- store created again after its file was lost issues tokens above every token of the old one.
+INSERT INTO fenced_meta (id, epoch) VALUES (1, fenced_epoch_clock_us());
 
 -- Outcomes of publications by operation id. Later publications never overwrite a record:
 -- 'accepted' is written with the payload, 'aborted' by Resolve for an id that never arrived.

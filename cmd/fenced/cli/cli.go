@@ -51,6 +51,7 @@ type app struct {
 	stdout, stderr io.Writer
 	db             string        // --db
 	strict         bool          // --strict-durability
+	allowNonDur    bool          // --allow-nondurable
 	maxTTL         time.Duration // --max-ttl
 	ran            bool          // the command line was accepted and a command started
 }
@@ -73,8 +74,10 @@ The schema is created on first use; "fenced migrate" does it explicitly.`,
 		SilenceUsage:  true,
 	}
 	root.PersistentFlags().StringVar(&a.db, "db", "", dbHelp)
+	root.PersistentFlags().BoolVar(&a.allowNonDur, "allow-nondurable", false,
+		"run on a database configured so that a crash can lose acknowledged generations (fsync off, Redis without appendfsync always, ...), which is refused without it; a warning names the settings once")
 	root.PersistentFlags().BoolVar(&a.strict, "strict-durability", false,
-		"refuse to start when the database could lose acknowledged generations (fsync off, asynchronous commit, ...); without it, a warning")
+		"also refuse to start when the database's durability settings cannot be read; without it, a warning")
 	root.PersistentFlags().DurationVar(&a.maxTTL, "max-ttl", fenced.MaxTTL,
 		"the longest ttl to acquire or renew for; prune keeps records for at least this plus "+fenced.PruneMargin.String()+" (use one value for everything that shares the database)")
 	root.SetFlagErrorFunc(func(_ *cobra.Command, err error) error { return err })
@@ -117,7 +120,8 @@ func (a *app) open(cmd *cobra.Command) (*fenced.Store, error) {
 		return nil, err
 	}
 	logger := slog.New(slog.NewTextHandler(a.stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
-	s, err := fenced.New(cmd.Context(), drv, &fenced.Config{Logger: logger, StrictDurability: a.strict, MaxTTL: a.maxTTL})
+	s, err := fenced.New(cmd.Context(), drv, &fenced.Config{Logger: logger, StrictDurability: a.strict,
+		AllowNonDurable: a.allowNonDur, MaxTTL: a.maxTTL})
 	if err != nil {
 		_ = drv.Close()
 		return nil, err

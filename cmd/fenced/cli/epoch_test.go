@@ -180,52 +180,56 @@ func TestAfterEpochBump(t *testing.T) {
 		// A lease from before the bump, on another resource (generation 2, so epoch 2 != it).
 		tg.ok(nil, leaseArgs("release", old, tg.acquire(old, "1m"))...)
 		stale := tg.acquire(old, "1m")
-		if stale.Token != "1.2" || stale.Epoch != 1 || stale.Generation != 2 {
+		e1 := stale.Epoch // the store's first epoch: the database's clock in microseconds
+		if stale.Token != tok(e1, 2) || e1 < 1<<40 || stale.Generation != 2 {
 			t.Fatalf("before the bump: %+v", stale)
 		}
 
-		if out := string(tg.ok(nil, "epoch", "bump")); out != `{"epoch":2}`+"\n" {
-			t.Fatalf("epoch bump printed %q", out)
+		e2 := decode[struct {
+			Epoch int64 `json:"epoch"`
+		}](t, tg.ok(nil, "epoch", "bump")).Epoch
+		if e2 <= e1 {
+			t.Fatalf("epoch bump printed %d after %d", e2, e1)
 		}
 
 		// The issue's sequence: acquire after the bump, then owner + generation only.
 		l := tg.acquire(res, "30s")
-		if l.Token != "2.1" || l.Epoch != 2 || l.Generation != 1 || l.Resource != res {
+		if l.Token != tok(e2, 1) || l.Epoch != e2 || l.Generation != 1 || l.Resource != res {
 			t.Fatalf("acquire after the bump printed %+v", l)
 		}
 		out := string(tg.ok(payload, leaseArgs("publish", res, l)...))
-		if !strings.Contains(out, `"token":"2.1"`) || !strings.Contains(out, `"published_epoch":2`) {
+		if !strings.Contains(out, `"token":"`+tok(e2, 1)+`"`) || !strings.Contains(out, fmt.Sprintf(`"published_epoch":%d`, e2)) {
 			t.Errorf("publish printed %s", out)
 		}
 		if got := tg.ok(nil, "get", res); !bytes.Equal(got, payload) {
 			t.Errorf("get = %q, want %q", got, payload)
 		}
 		renewed := decode[leaseOut](t, tg.ok(nil, leaseArgs("renew", res, l, "--ttl", "30s")...))
-		if renewed.Token != "2.1" || renewed.Owner != l.Owner {
+		if renewed.Token != tok(e2, 1) || renewed.Owner != l.Owner {
 			t.Errorf("renew printed %+v", renewed)
 		}
 		// The token as one value.
 		renewed = decode[leaseOut](t, tg.ok(nil, tokenArgs("renew", res, l, "--ttl", "30s")...))
-		if renewed.Token != "2.1" {
+		if renewed.Token != tok(e2, 1) {
 			t.Errorf("renew --token printed %+v", renewed)
 		}
-		tg.ok(nil, leaseArgs("renew", res, l, "--epoch", "2", "--ttl", "30s")...)
+		tg.ok(nil, leaseArgs("renew", res, l, "--epoch", strconv.FormatInt(e2, 10), "--ttl", "30s")...)
 
 		// Refusals of the current holder name the whole token and the true cause.
-		tg.wantRefused(`publish "nightly report é" refused: lease 2.1 has already published`, []byte("again"),
+		tg.wantRefused(`publish "nightly report é" refused: lease `+tok(e2, 1)+` has already published`, []byte("again"),
 			tokenArgs("publish", res, l)...)
-		tg.wantRefused("lease 1.1 names the wrong epoch: this owner acquired generation 1 in epoch 2 (token 2.1)",
-			[]byte("x"), leaseArgs("publish", res, l, "--epoch", "1")...)
-		tg.wantRefused("names the wrong epoch", nil, append(leaseArgs("renew", res, l, "--ttl", "30s"), "--epoch", "1")...)
-		if msg := tg.fails(3, nil, "acquire", res, "--ttl", "30s"); !strings.Contains(msg, "busy: lease 2.1 is held until") {
+		tg.wantRefused(fmt.Sprintf("lease %s names the wrong epoch: this owner acquired generation 1 in epoch %d (token %s)", tok(e1, 1), e2, tok(e2, 1)),
+			[]byte("x"), leaseArgs("publish", res, l, "--epoch", strconv.FormatInt(e1, 10))...)
+		tg.wantRefused("names the wrong epoch", nil, append(leaseArgs("renew", res, l, "--ttl", "30s"), "--epoch", strconv.FormatInt(e1, 10))...)
+		if msg := tg.fails(3, nil, "acquire", res, "--ttl", "30s"); !strings.Contains(msg, "busy: lease "+tok(e2, 1)+" is held until") {
 			t.Errorf("busy: %q", msg)
 		}
 		if st := tg.show(res); st.Owner == nil || *st.Owner != l.Owner || !st.Held || st.PublishedGeneration != 1 ||
-			st.PublishedEpoch != 2 || st.PayloadBytes != int64(len(payload)) {
+			st.PublishedEpoch != e2 || st.PayloadBytes != int64(len(payload)) {
 			t.Errorf("refusals changed the row: %+v", st)
 		}
 		released := string(tg.ok(nil, leaseArgs("release", res, l)...))
-		if !strings.Contains(released, `"token":"2.1"`) {
+		if !strings.Contains(released, `"token":"`+tok(e2, 1)+`"`) {
 			t.Errorf("release printed %s", released)
 		}
 
@@ -233,35 +237,38 @@ func TestAfterEpochBump(t *testing.T) {
 		l2 := tg.acquire(res, "30s")
 		tg.ok([]byte("second"), tokenArgs("publish", res, l2, "--release")...)
 		l3 := tg.acquire(res, "30s")
-		if l3.Token != "2.3" {
+		if l3.Token != tok(e2, 3) {
 			t.Fatalf("third acquisition: %+v", l3)
 		}
 		tg.ok(nil, tokenArgs("release", res, l3)...)
 		// A released holder given by owner and generation: the epoch is not known for a
 		// generation the row no longer shows, so the message names the generation only.
-		tg.wantRefused("renew \"nightly report é\" refused: generation 1 was superseded by lease 2.3", nil,
+		tg.wantRefused("renew \"nightly report é\" refused: generation 1 was superseded by lease "+tok(e2, 3), nil,
 			leaseArgs("renew", res, l, "--ttl", "30s")...)
-		tg.wantRefused("lease 2.1 was superseded by lease 2.3", nil, tokenArgs("release", res, l)...)
+		tg.wantRefused("lease "+tok(e2, 1)+" was superseded by lease "+tok(e2, 3), nil, tokenArgs("release", res, l)...)
 
 		// The lease from before the bump: nothing superseded it, the bump freed it.
-		bumped := "lease 1.2 was acquired before the epoch was bumped to 2"
+		bumped := fmt.Sprintf("lease %s was acquired before the epoch was bumped to %d", tok(e1, 2), e2)
 		tg.wantRefused(bumped, []byte("stale"), leaseArgs("publish", old, stale)...)
 		tg.wantRefused(bumped, []byte("stale"), tokenArgs("publish", old, stale, "--release")...)
 		tg.wantRefused(bumped, nil, tokenArgs("renew", old, stale, "--ttl", "30s")...)
 		tg.wantRefused(bumped, nil, leaseArgs("renew", old, stale, "--ttl", "30s")...)
 		tg.wantRefused(bumped, nil, leaseArgs("release", old, stale)...)
 		n := tg.acquire(old, "30s")
-		if n.Token != "2.3" {
+		if n.Token != tok(e2, 3) {
 			t.Fatalf("acquired %+v after the bump", n)
 		}
-		tg.wantRefused("lease 1.2 was superseded by lease 2.3", []byte("stale"), tokenArgs("publish", old, stale)...)
-		tg.wantRefused("generation 2 was superseded by lease 2.3", []byte("stale"), leaseArgs("publish", old, stale)...)
+		tg.wantRefused("lease "+tok(e1, 2)+" was superseded by lease "+tok(e2, 3), []byte("stale"), tokenArgs("publish", old, stale)...)
+		tg.wantRefused("generation 2 was superseded by lease "+tok(e2, 3), []byte("stale"), leaseArgs("publish", old, stale)...)
 		if st := tg.show(old); st.Owner == nil || *st.Owner != n.Owner || st.PublishedGeneration != 0 {
 			t.Errorf("the stale lease changed the row: %+v", st)
 		}
 		tg.ok(payload, leaseArgs("publish", old, n, "--release")...)
 	})
 }
+
+// tok formats a token as the CLI prints it.
+func tok(epoch, generation int64) string { return fmt.Sprintf("%d.%d", epoch, generation) }
 
 // TestTokenFlags: a malformed or conflicting token is a usage error (exit 2) that names the
 // problem, and nothing is sent: the payload is not published.

@@ -218,7 +218,7 @@ func (a *app) torture(cmd *cobra.Command, o tortureOptions) error {
 	if err != nil {
 		return err
 	}
-	store, err := fenced.New(ctx, drv, nil)
+	store, err := fenced.New(ctx, drv, &fenced.Config{AllowNonDurable: a.allowNonDur})
 	if err != nil {
 		_ = drv.Close()
 		return err
