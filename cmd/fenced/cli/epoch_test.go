@@ -312,8 +312,10 @@ func TestTokenFlags(t *testing.T) {
 // command can present to fenced itself.
 func TestRunPassesTheToken(t *testing.T) {
 	tg := runTarget(t)
-	tg.ok(nil, "epoch", "bump")
-	for range 2 { // generations 1 and 2 in epoch 2, so that run gets 2.3
+	e := decode[struct {
+		Epoch int64 `json:"epoch"`
+	}](t, tg.ok(nil, "epoch", "bump")).Epoch
+	for range 2 { // generations 1 and 2 in the new epoch, so that run gets generation 3
 		tg.ok(nil, leaseArgs("release", "job", tg.acquire("job", "1m"))...)
 	}
 	script := fmt.Sprintf(`echo "$FENCED_TOKEN $FENCED_EPOCH $FENCED_GENERATION"
@@ -324,10 +326,10 @@ func TestRunPassesTheToken(t *testing.T) {
 	if r.code != 0 {
 		t.Fatalf("exit %d, stderr %q", r.code, r.stderr)
 	}
-	if !strings.Contains(string(r.stdout), `"token":"2.3"`) || !strings.Contains(string(r.stdout), `"epoch":2`) {
+	if !strings.Contains(string(r.stdout), `"token":"`+tok(e, 3)+`"`) || !strings.Contains(string(r.stdout), fmt.Sprintf(`"epoch":%d`, e)) {
 		t.Errorf("run printed %s", r.stdout)
 	}
-	if got := string(tg.ok(nil, "get", "job")); got != "2.3 2 3\n" {
+	if got, want := string(tg.ok(nil, "get", "job")), fmt.Sprintf("%s %d 3\n", tok(e, 3), e); got != want {
 		t.Fatalf("published %q", got)
 	}
 }
