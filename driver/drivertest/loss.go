@@ -55,7 +55,7 @@ func testSmallEpoch(t *testing.T, e *env) {
 	if epoch < clock {
 		t.Fatalf("a bump from epoch 3 gave %d, want at least the engine's clock %d", epoch, clock)
 	}
-	wantRefused(t, old.Release(ctx(t)), fenced.CauseSuperseded)
+	wantRefused(t, old.Release(ctx(t)), fenced.CauseEpochBumped)
 	l := acquire(t, s, lossResource, time.Minute)
 	if l.Token() != (fenced.Token{Epoch: epoch, Generation: 2}) {
 		t.Fatalf("token after the bump: %s, want %d.2", l.Token(), epoch)
