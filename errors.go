@@ -190,6 +190,8 @@ type IncarnationError struct {
 	// Server is the server's incarnation now, Recorded the one recorded at the last epoch bump,
 	// as the backend names them; both empty when the backend did not say.
 	Server, Recorded string
+	// Err is the driver's error, which also matches driver.ErrNotApplied.
+	Err error
 }
 
 func (e *IncarnationError) Error() string {
@@ -207,8 +209,10 @@ func (e *IncarnationError) Is(target error) bool {
 	return target == ErrIncarnationChanged || (target == ErrRefused && e.Op != opAcquire)
 }
 
+func (e *IncarnationError) Unwrap() error { return e.Err }
+
 func incarnationError(op, resource string, err error) *IncarnationError {
-	e := &IncarnationError{Op: op, Resource: resource}
+	e := &IncarnationError{Op: op, Resource: resource, Err: err}
 	var de *driver.IncarnationError
 	if errors.As(err, &de) {
 		e.Server, e.Recorded = de.Server, de.Recorded

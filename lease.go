@@ -318,13 +318,17 @@ func (l *Lease) Release(ctx context.Context) error {
 
 // mutationError classifies a driver error from a mutation: certainly not applied, or unknown.
 func mutationError(op, resource string, err error, fill func(*OutcomeUnknownError)) error {
+	what := op
+	if resource != "" {
+		what = fmt.Sprintf("%s %q", op, resource)
+	}
 	switch {
 	case errors.Is(err, driver.ErrIncarnationChanged):
 		return incarnationError(op, resource, err)
 	case errors.Is(err, driver.ErrReadOnly):
-		return fmt.Errorf("%s %q: %w", op, resource, err)
+		return fmt.Errorf("%s: %w", what, err)
 	case errors.Is(err, driver.ErrNotApplied):
-		return fmt.Errorf("%s %q failed, nothing changed: %w", op, resource, err)
+		return fmt.Errorf("%s failed, nothing changed: %w", what, err)
 	}
 	e := &OutcomeUnknownError{Op: op, Resource: resource, Err: err}
 	if fill != nil {

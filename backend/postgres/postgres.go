@@ -364,6 +364,13 @@ func (d *Driver) Grant(ctx context.Context, role string) error {
 		return classify(err)
 	}
 	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
+	var readOnly bool
+	if err := tx.QueryRow(ctx, sqlReadOnly).Scan(&readOnly); err != nil {
+		return fmt.Errorf("check whether the server is read-only: %w", classify(err))
+	}
+	if readOnly {
+		return driver.NotApplied(driver.ErrReadOnly)
+	}
 	if _, err := tx.Exec(ctx, sqlMigrateLock, int64(migrateLockKey)); err != nil {
 		return fmt.Errorf("lock migrations: %w", classify(err))
 	}
@@ -390,7 +397,7 @@ func (d *Driver) Grant(ctx context.Context, role string) error {
 		if _, err := tx.Exec(ctx, s); err != nil {
 			var pgErr *pgconn.PgError
 			if errors.As(err, &pgErr) && pgErr.Code == "42704" { // undefined_object
-				return fmt.Errorf("grant to role %s: the role does not exist; create it first: %w", role, err)
+				return &worded{msg: fmt.Sprintf("the role %s does not exist; create it first", role), err: err}
 			}
 			return fmt.Errorf("grant to role %s: %w", role, classify(err))
 		}
@@ -817,16 +824,14 @@ func incarnationError(pgErr *pgconn.PgError) error {
 	return &driver.IncarnationError{Server: m[1], Recorded: m[2]}
 }
 
-// connectError is a failed connection in the user's terms: the server's address and the cause,
-// once. pgx's own message lists every address and every attempt (with TLS, then without) with
-// the same cause; the original error stays reachable with errors.As.
-type connectError struct {
+// worded is an error in the user's terms, whose original stays reachable with errors.As.
+type worded struct {
 	msg string
 	err error
 }
 
-func (e *connectError) Error() string { return e.msg }
-func (e *connectError) Unwrap() error { return e.err }
+func (e *worded) Error() string { return e.msg }
+func (e *worded) Unwrap() error { return e.err }
 
 // connectionFailure words an error from getting a connection.
 func connectionFailure(err error) error {
@@ -860,7 +865,9 @@ func connectionFailure(err error) error {
 			cause = cause[:i]
 		}
 	}
-	return &connectError{msg: fmt.Sprintf("cannot connect to the PostgreSQL server at %s: %s", addr, cause), err: err}
+	// The server's address and the cause, once: pgx's own message lists every address and
+	// every attempt (with TLS, then without), each with the same cause.
+	return &worded{msg: fmt.Sprintf("cannot connect to the PostgreSQL server at %s: %s", addr, cause), err: err}
 }
 
 // timeOf turns a nullable timestamp into a time in UTC, the zero time for NULL.
