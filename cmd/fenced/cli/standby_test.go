@@ -5,6 +5,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"os"
+	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
@@ -246,5 +248,26 @@ func checkMessage(t *testing.T, m commandRun) {
 			break
 		}
 		seen[k] = true
+	}
+}
+
+// TestSQLiteUnopenable: a database file that cannot be opened is named, with the reason.
+func TestSQLiteUnopenable(t *testing.T) {
+	dir := t.TempDir()
+	file := filepath.Join(dir, "file")
+	if err := os.WriteFile(file, nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	for path, reason := range map[string]string{
+		filepath.Join(dir, "missing", "dir", "x.db"): "the directory " + filepath.Join(dir, "missing", "dir") + " does not exist",
+		dir:                         "it is a directory",
+		filepath.Join(file, "x.db"): "not a directory",
+	} {
+		tg := target{t: t, url: "sqlite:" + path, dir: dir}
+		msg := tg.fails(1, nil, "show", "r")
+		if !strings.Contains(msg, path) || !strings.Contains(msg, reason) {
+			t.Errorf("show on sqlite:%s: %q, want the path and %q", path, msg, reason)
+		}
+		checkMessage(t, commandRun{args: []string{"show", "r"}, cmd: "show r", code: 1, stderr: msg})
 	}
 }
