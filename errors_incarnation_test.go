@@ -42,4 +42,3 @@ func TestIncarnationAndReadOnlyErrors(t *testing.T) {
 		t.Errorf("not applied: %q, want no internal word and no empty resource, still matching ErrNotApplied", msg)
 	}
 }
-
