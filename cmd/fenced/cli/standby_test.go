@@ -124,8 +124,8 @@ func TestHotStandbyAndPromotion(t *testing.T) {
 	// The bump records the new incarnation: the next acquisition gets the next generation in
 	// the new epoch, and the old holder stays refused.
 	bumped := decode[struct{ Epoch int64 }](t, st.ok(nil, "epoch", "bump")).Epoch
-	if bumped != epoch+1 {
-		t.Fatalf("epoch bump after the promotion: %d, want %d", bumped, epoch+1)
+	if bumped <= epoch {
+		t.Fatalf("epoch bump after the promotion: %d, want more than %d", bumped, epoch)
 	}
 	next := st.acquire(res, "1m")
 	if next.Epoch != bumped || next.Generation != holder.Generation+1 {
