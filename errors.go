@@ -4,6 +4,8 @@ import (
 	"errors"
 	"fmt"
 	"time"
+
+	"github.com/fenced-dev/fenced/driver"
 )
 
 // Sentinel errors, for errors.Is. Each typed error below matches exactly one of them.
@@ -33,6 +35,10 @@ var (
 	// timeline since the last epoch bump, so tokens issued in the lost history could look
 	// valid again. Acquisitions are refused until Store.BumpEpoch has run.
 	ErrIncarnationChanged = errors.New("the database was restored or promoted since the last epoch bump; bump the epoch first")
+
+	// ErrReadOnly: the server accepts only reads (a hot standby or a read-only replica), so a
+	// mutation was refused by the engine and nothing changed. Show and Get work there.
+	ErrReadOnly = driver.ErrReadOnly
 
 	// ErrNotDurable: the backend reported a setting under which acknowledged generations could
 	// be lost in a crash, and Config.AllowNonDurable is not set.
@@ -173,3 +179,43 @@ func (e *OutcomeUnknownError) Error() string {
 func (e *OutcomeUnknownError) Is(target error) bool { return target == ErrOutcomeUnknown }
 
 func (e *OutcomeUnknownError) Unwrap() error { return e.Err }
+
+// IncarnationError reports that the database was restored from a copy or promoted since the
+// last epoch bump. Nothing changed. It matches ErrIncarnationChanged; for an operation that
+// carries a lease it also matches ErrRefused, because that lease was issued before the restore
+// or promotion and the bump that must follow makes its epoch old: it can never be accepted.
+type IncarnationError struct {
+	Op       string
+	Resource string
+	// Server is the server's incarnation now, Recorded the one recorded at the last epoch bump,
+	// as the backend names them; both empty when the backend did not say.
+	Server, Recorded string
+	// Err is the driver's error, which also matches driver.ErrNotApplied.
+	Err error
+}
+
+func (e *IncarnationError) Error() string {
+	what := "the database was restored or promoted since the last epoch bump"
+	if e.Server != "" || e.Recorded != "" {
+		what += fmt.Sprintf(" (the server's incarnation is %s, the last bump recorded %s)", e.Server, e.Recorded)
+	}
+	if e.Op == opAcquire {
+		return fmt.Sprintf("acquire %q refused: %s; bump the epoch first", e.Resource, what)
+	}
+	return fmt.Sprintf("%s %q refused: %s, so a lease acquired before can no longer be used", e.Op, e.Resource, what)
+}
+
+func (e *IncarnationError) Is(target error) bool {
+	return target == ErrIncarnationChanged || (target == ErrRefused && e.Op != opAcquire)
+}
+
+func (e *IncarnationError) Unwrap() error { return e.Err }
+
+func incarnationError(op, resource string, err error) *IncarnationError {
+	e := &IncarnationError{Op: op, Resource: resource, Err: err}
+	var de *driver.IncarnationError
+	if errors.As(err, &de) {
+		e.Server, e.Recorded = de.Server, de.Recorded
+	}
+	return e
+}

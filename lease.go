@@ -274,7 +274,11 @@ func (l *Lease) Renew(ctx context.Context, ttl time.Duration) error {
 	sent := time.Now()
 	until, ok, err := l.store.drv.Renew(ctx, l.ref, ttl)
 	if err != nil {
-		return mutationError(opRenew, l.ref.Resource, err, nil)
+		merr := mutationError(opRenew, l.ref.Resource, err, nil)
+		if errors.Is(merr, ErrRefused) { // the database was restored or promoted: never valid again
+			l.end(fmt.Errorf("%w: %w", ErrLeaseLost, merr))
+		}
+		return merr
 	}
 	if !ok {
 		rerr := l.store.refusal(ctx, opRenew, l.ref, nil)
@@ -299,7 +303,11 @@ func (l *Lease) Release(ctx context.Context) error {
 	}
 	ok, err := l.store.drv.Release(ctx, l.ref)
 	if err != nil {
-		return mutationError(opRelease, l.ref.Resource, err, nil)
+		merr := mutationError(opRelease, l.ref.Resource, err, nil)
+		if errors.Is(merr, ErrRefused) {
+			l.end(errReleased)
+		}
+		return merr
 	}
 	l.end(errReleased)
 	if !ok {
@@ -310,11 +318,17 @@ func (l *Lease) Release(ctx context.Context) error {
 
 // mutationError classifies a driver error from a mutation: certainly not applied, or unknown.
 func mutationError(op, resource string, err error, fill func(*OutcomeUnknownError)) error {
-	if errors.Is(err, driver.ErrIncarnationChanged) {
-		return fmt.Errorf("%s %q: %w (%w)", op, resource, ErrIncarnationChanged, err)
+	what := op
+	if resource != "" {
+		what = fmt.Sprintf("%s %q", op, resource)
 	}
-	if errors.Is(err, driver.ErrNotApplied) {
-		return fmt.Errorf("%s %q: not applied: %w", op, resource, err)
+	switch {
+	case errors.Is(err, driver.ErrIncarnationChanged):
+		return incarnationError(op, resource, err)
+	case errors.Is(err, driver.ErrReadOnly):
+		return fmt.Errorf("%s: %w", what, err)
+	case errors.Is(err, driver.ErrNotApplied):
+		return fmt.Errorf("%s failed, nothing changed: %w", what, err)
 	}
 	e := &OutcomeUnknownError{Op: op, Resource: resource, Err: err}
 	if fill != nil {

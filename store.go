@@ -334,7 +334,7 @@ func (s *Store) Acquire(ctx context.Context, resource string, ttl time.Duration)
 	case errors.Is(err, driver.ErrNotFound):
 		return nil, fmt.Errorf("acquire %q: %w", resource, ErrNotProvisioned)
 	case errors.Is(err, driver.ErrIncarnationChanged):
-		return nil, fmt.Errorf("acquire %q: %w", resource, ErrIncarnationChanged)
+		return nil, incarnationError(opAcquire, resource, err)
 	case err != nil:
 		return nil, mutationError(opAcquire, resource, err, func(e *OutcomeUnknownError) { e.Owner = owner })
 	}

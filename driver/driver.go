@@ -30,15 +30,48 @@ var (
 	// incarnation (restored, or promoted to a new timeline) than the one recorded at the last
 	// epoch bump: old tokens might be valid again until the epoch is advanced.
 	ErrIncarnationChanged = errors.New("the database was restored or promoted since the last epoch bump")
+
+	// ErrReadOnly is returned when the server accepts only reads: a hot standby, or a replica
+	// set read-only. Nothing was changed.
+	ErrReadOnly = errors.New("the database server is read-only (a standby or replica); connect to the primary")
 )
 
-// NotApplied wraps err so that it matches ErrNotApplied.
+// NotApplied marks err so that it matches ErrNotApplied. Its text is err's: "not applied" is
+// for errors.Is, not for the people who read the message.
 func NotApplied(err error) error {
 	if err == nil || errors.Is(err, ErrNotApplied) {
 		return err
 	}
-	return fmt.Errorf("%w (%w)", err, ErrNotApplied)
+	return notApplied{err}
 }
+
+type notApplied struct{ err error }
+
+func (e notApplied) Error() string   { return e.err.Error() }
+func (e notApplied) Unwrap() []error { return []error{e.err, ErrNotApplied} }
+
+// ReadOnly reports err, the engine's refusal to write on a read-only server, as ErrReadOnly
+// (and not applied). The message is ErrReadOnly's; err stays reachable with errors.As.
+func ReadOnly(err error) error { return NotApplied(readOnly{err}) }
+
+type readOnly struct{ err error }
+
+func (e readOnly) Error() string   { return ErrReadOnly.Error() }
+func (e readOnly) Unwrap() []error { return []error{ErrReadOnly, e.err} }
+
+// IncarnationError is ErrIncarnationChanged with both incarnations as the engine names them
+// (PostgreSQL: system identifier/timeline).
+type IncarnationError struct {
+	Server   string // the server's incarnation now
+	Recorded string // the incarnation recorded at the last epoch bump
+}
+
+func (e *IncarnationError) Error() string {
+	return fmt.Sprintf("%v: the server's incarnation is %s, the last epoch bump recorded %s",
+		ErrIncarnationChanged, e.Server, e.Recorded)
+}
+
+func (e *IncarnationError) Is(target error) bool { return target == ErrIncarnationChanged }
 
 // BusyError is returned by Acquire when an unexpired lease prevented it. The holder's
 // token and expiry are as the engine saw them when it refused, or as read right after.

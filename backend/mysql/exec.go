@@ -7,6 +7,8 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"strings"
+	"syscall"
 
 	"github.com/go-sql-driver/mysql"
 
@@ -28,7 +30,33 @@ const (
 	erLockWaitTimeout     = 1205
 	erLockDeadlock        = 1213
 	erErrorDuringRollback = 1181
+
+	// A read-only server: read_only=ON for a user without SUPER (1290, which other options
+	// raise too, hence the check of its message), a READ ONLY transaction (1792), and MariaDB's
+	// innodb_read_only (1836).
+	erOptionPreventsStatement = 1290
+	erReadOnlyTransaction     = 1792
+	erReadOnlyMode            = 1836
 )
+
+// isReadOnly reports whether err is the server's refusal to write because it is read-only.
+func isReadOnly(err error) bool {
+	var me *mysql.MySQLError
+	if !errors.As(err, &me) {
+		return false
+	}
+	switch me.Number {
+	case erReadOnlyTransaction, erReadOnlyMode:
+		return true
+	case erOptionPreventsStatement:
+		return strings.Contains(me.Message, "read-only") || strings.Contains(me.Message, "read_only")
+	}
+	return false
+}
+
+// sqlProbeRead asks whether this session may read fenced_resources, where a write cannot be
+// tried: on a read-only server.
+const sqlProbeRead = `SELECT 1 FROM fenced_resources WHERE FALSE`
 
 // sqlProbeWrite asks the server whether this session may write fenced_resources. It matches no
 // row and takes no row lock; only the privilege check answers.
@@ -44,6 +72,26 @@ func (d *Driver) detect(ctx context.Context) (procs, known bool, err error) {
 		return true, true, nil
 	}
 	_, err = d.db.ExecContext(ctx, sqlProbeWrite)
+	if isReadOnly(err) {
+		// No write can tell; a read can, for now. The answer is not kept: once the server
+		// accepts writes (a promoted replica), the write probe decides.
+		_, err = d.db.ExecContext(ctx, sqlProbeRead)
+		switch serverError(err) {
+		case 0:
+			if err != nil {
+				return false, false, err
+			}
+			return false, true, nil
+		case erTableAccessDenied:
+			return true, true, nil
+		case erNoSuchTable:
+			return false, false, nil
+		}
+	}
+	var ce connectError
+	if errors.As(err, &ce) {
+		return false, false, err
+	}
 	switch serverError(err) {
 	case 0:
 		if err != nil {
@@ -202,6 +250,8 @@ func classify(err error) error {
 	switch n := serverError(err); {
 	case errors.As(err, &ce), errors.As(err, &ne) && ne.Op == "dial", errors.Is(err, sqldriver.ErrBadConn):
 		return driver.NotApplied(err)
+	case isReadOnly(err):
+		return driver.ReadOnly(err)
 	case n == erErrorDuringCommit || n == erErrorDuringRollback:
 		return err
 	case n == erLockDeadlock:
@@ -216,17 +266,41 @@ func classify(err error) error {
 
 // connectErrors marks every error of making a connection (dialing, the handshake,
 // authentication): no statement had been written on it.
-type connectErrors struct{ sqldriver.Connector }
+type connectErrors struct {
+	sqldriver.Connector
+	addr string
+}
 
 func (c connectErrors) Connect(ctx context.Context) (sqldriver.Conn, error) {
 	conn, err := c.Connector.Connect(ctx)
 	if err != nil {
-		return nil, connectError{err}
+		return nil, connectError{c.addr, err}
 	}
 	return conn, nil
 }
 
-type connectError struct{ err error }
+// connectError says, in the user's terms, which server could not be reached and why.
+type connectError struct {
+	addr string
+	err  error
+}
 
-func (e connectError) Error() string { return "connect: " + e.err.Error() }
+func (e connectError) Error() string {
+	var (
+		me    *mysql.MySQLError
+		errno syscall.Errno
+		dns   *net.DNSError
+	)
+	cause := e.err.Error()
+	switch {
+	case errors.As(e.err, &me): // refused by the server: authentication, no such database
+		cause = me.Message
+	case errors.As(e.err, &dns):
+		cause = dns.Error()
+	case errors.As(e.err, &errno):
+		cause = errno.Error()
+	}
+	return fmt.Sprintf("cannot connect to the MySQL or MariaDB server at %s: %s", e.addr, cause)
+}
+
 func (e connectError) Unwrap() error { return e.err }

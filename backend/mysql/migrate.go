@@ -11,6 +11,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/fenced-dev/fenced/driver"
 )
 
 // migrationLockWait is how long Migrate waits for a concurrent migration when ctx has no deadline.
@@ -29,6 +31,13 @@ func (d *Driver) Migrate(ctx context.Context) error {
 	procs, known, err := d.detect(ctx)
 	if err != nil {
 		return err
+	}
+	var readOnly bool
+	if err := d.db.QueryRowContext(ctx, sqlReadOnly).Scan(&readOnly); err != nil {
+		return fmt.Errorf("check whether the server is read-only: %w", err)
+	}
+	if readOnly {
+		return d.checkReadOnly(ctx, procs, known)
 	}
 	if known && procs {
 		return d.checkGrantedSchema(ctx)
@@ -87,6 +96,43 @@ func foundRows(matched int64) error {
 	if matched != 1 {
 		return errors.New("check matched rows: the connection reports changed rows, not matched rows; " +
 			"open it with clientFoundRows=true")
+	}
+	return nil
+}
+
+// sqlReadOnly: a replica set read_only (MySQL's super_read_only implies it).
+const sqlReadOnly = `SELECT @@global.read_only`
+
+// checkReadOnly is Migrate on a read-only server (a replica): nothing to do when the schema is
+// current, so that reads work there; refused with the reason when it is not, since a replica
+// must be migrated through its primary.
+func (d *Driver) checkReadOnly(ctx context.Context, procs, known bool) error {
+	latest, err := latestVersion()
+	if err != nil {
+		return err
+	}
+	version, current := 0, false
+	if known {
+		if _, err := query(ctx, d.db, procs, sqlSchemaVersion, &params{}, &version); err != nil {
+			return fmt.Errorf("read schema version: %w", err)
+		}
+		current = version == latest
+		if current && !procs {
+			conn, err := d.db.Conn(ctx)
+			if err != nil {
+				return err
+			}
+			defer conn.Close()
+			stale, err := staleProcedures(ctx, conn, alwaysCalled)
+			if err != nil {
+				return err
+			}
+			current = len(stale) == 0
+		}
+	}
+	if !current {
+		return driver.NotApplied(fmt.Errorf("the schema needs migrating (it is at version %d, this code needs %d) and %w",
+			version, latest, driver.ErrReadOnly))
 	}
 	return nil
 }
@@ -214,32 +260,12 @@ func statements(body string) []string {
 // installProcedures creates each of stmts' procedures that is missing or differs from the
 // current statement text. Dropping a procedure drops its EXECUTE grants too (see Grant).
 func installProcedures(ctx context.Context, conn *sql.Conn, stmts []*stmt) error {
-	current := map[string]string{}
-	rows, err := conn.QueryContext(ctx, `SELECT ROUTINE_NAME, ROUTINE_DEFINITION FROM information_schema.ROUTINES
-WHERE ROUTINE_SCHEMA = DATABASE() AND ROUTINE_TYPE = 'PROCEDURE' AND ROUTINE_NAME LIKE 'fenced\_%'`)
+	stale, err := staleProcedures(ctx, conn, stmts)
 	if err != nil {
-		return fmt.Errorf("list procedures: %w", err)
+		return err
 	}
-	defer rows.Close()
-	for rows.Next() {
-		var name string
-		var def sql.NullString
-		if err := rows.Scan(&name, &def); err != nil {
-			return fmt.Errorf("list procedures: %w", err)
-		}
-		current[name] = def.String
-	}
-	if err := rows.Close(); err != nil {
-		return fmt.Errorf("list procedures: %w", err)
-	}
-	if err := rows.Err(); err != nil {
-		return fmt.Errorf("list procedures: %w", err)
-	}
-	for _, s := range stmts {
+	for _, s := range stale {
 		name := "fenced_" + s.name
-		if def, ok := current[name]; ok && def == procedureBody(s) {
-			continue
-		}
 		if _, err := conn.ExecContext(ctx, "DROP PROCEDURE IF EXISTS "+name); err != nil {
 			return fmt.Errorf("drop procedure %s: %w", name, err)
 		}
@@ -248,4 +274,37 @@ WHERE ROUTINE_SCHEMA = DATABASE() AND ROUTINE_TYPE = 'PROCEDURE' AND ROUTINE_NAM
 		}
 	}
 	return nil
+}
+
+// staleProcedures returns those of stmts whose procedure is missing or differs from the
+// current statement text.
+func staleProcedures(ctx context.Context, conn *sql.Conn, stmts []*stmt) ([]*stmt, error) {
+	current := map[string]string{}
+	rows, err := conn.QueryContext(ctx, `SELECT ROUTINE_NAME, ROUTINE_DEFINITION FROM information_schema.ROUTINES
+WHERE ROUTINE_SCHEMA = DATABASE() AND ROUTINE_TYPE = 'PROCEDURE' AND ROUTINE_NAME LIKE 'fenced\_%'`)
+	if err != nil {
+		return nil, fmt.Errorf("list procedures: %w", err)
+	}
+	defer rows.Close()
+	for rows.Next() {
+		var name string
+		var def sql.NullString
+		if err := rows.Scan(&name, &def); err != nil {
+			return nil, fmt.Errorf("list procedures: %w", err)
+		}
+		current[name] = def.String
+	}
+	if err := rows.Close(); err != nil {
+		return nil, fmt.Errorf("list procedures: %w", err)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("list procedures: %w", err)
+	}
+	var stale []*stmt
+	for _, s := range stmts {
+		if def, ok := current["fenced_"+s.name]; !ok || def != procedureBody(s) {
+			stale = append(stale, s)
+		}
+	}
+	return stale, nil
 }

@@ -116,7 +116,7 @@ func Open(rawURL string) (*Driver, error) {
 	if err != nil {
 		return nil, fmt.Errorf("open mysql: %w", err)
 	}
-	return &Driver{db: sql.OpenDB(connectErrors{connector}), owned: true}, nil
+	return &Driver{db: sql.OpenDB(connectErrors{connector, cfg.Addr}), owned: true}, nil
 }
 
 func parseURL(rawURL string) (*mysql.Config, error) {

@@ -88,6 +88,13 @@ func (d *Driver) Grant(ctx context.Context, role string) error {
 		return err
 	}
 	defer conn.Close()
+	var readOnly bool
+	if err := conn.QueryRowContext(ctx, sqlReadOnly).Scan(&readOnly); err != nil {
+		return fmt.Errorf("check whether the server is read-only: %w", err)
+	}
+	if readOnly {
+		return driver.NotApplied(driver.ErrReadOnly)
+	}
 	var schema string
 	if err := conn.QueryRowContext(ctx, `SELECT DATABASE()`).Scan(&schema); err != nil {
 		return fmt.Errorf("read database name: %w", err)

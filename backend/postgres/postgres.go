@@ -74,10 +74,13 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
+	"net"
+	"regexp"
 	"sort"
 	"strconv"
 	"strings"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -197,6 +200,27 @@ func (d *Driver) Migrate(ctx context.Context) error {
 	if mayMigrate != nil && !*mayMigrate {
 		return checkCurrent(ctx, tx, latest)
 	}
+	// The schema is current nearly every time: see so first with reads alone, so that a
+	// read-only server (a hot standby) serves reads, and a current schema takes no lock.
+	version := 0
+	if mayMigrate != nil {
+		current, v, err := isCurrent(ctx, tx, latest)
+		if err != nil {
+			return err
+		}
+		if current {
+			return tx.Commit(ctx)
+		}
+		version = v
+	}
+	var readOnly bool
+	if err := tx.QueryRow(ctx, sqlReadOnly).Scan(&readOnly); err != nil {
+		return fmt.Errorf("check whether the server is read-only: %w", classify(err))
+	}
+	if readOnly {
+		return driver.NotApplied(fmt.Errorf("the schema needs migrating (it is at version %d, this code needs %d) and %w",
+			version, latest, driver.ErrReadOnly))
+	}
 	if _, err := tx.Exec(ctx, sqlMigrateLock, int64(migrateLockKey)); err != nil {
 		return fmt.Errorf("lock migrations: %w", classify(err))
 	}
@@ -236,6 +260,29 @@ func (d *Driver) Migrate(ctx context.Context) error {
 		return fmt.Errorf("commit migrations: %w", classify(err))
 	}
 	return nil
+}
+
+// isCurrent reports, reading only, whether Migrate has nothing to do: the schema is at the
+// latest version, every routine is the code's, and the incarnation is recorded. It also returns
+// the schema's version.
+func isCurrent(ctx context.Context, tx pgx.Tx, latest int) (bool, int, error) {
+	var version int
+	if err := tx.QueryRow(ctx, sqlSchemaVersion).Scan(&version); err != nil {
+		return false, 0, fmt.Errorf("read schema version: %w", classify(err))
+	}
+	if version != latest {
+		return false, version, nil
+	}
+	_, stale, err := staleRoutines(ctx, tx)
+	if err != nil || len(stale) > 0 {
+		return false, version, err
+	}
+	var recorded bool
+	err = tx.QueryRow(ctx, sqlIncarnationRecorded).Scan(&recorded)
+	if err != nil && !errors.Is(err, pgx.ErrNoRows) {
+		return false, version, fmt.Errorf("read the recorded incarnation: %w", classify(err))
+	}
+	return recorded, version, nil
 }
 
 // staleRoutines returns the routines that are missing from the schema or whose body differs
@@ -295,14 +342,14 @@ func checkCurrent(ctx context.Context, tx pgx.Tx, latest int) error {
 		return fmt.Errorf("read schema version: %w", classify(err))
 	}
 	if version < latest {
-		return fmt.Errorf("migrate: the schema is at version %d, the code needs %d, and this user may not migrate it: run migrate as the schema's owner", version, latest)
+		return fmt.Errorf("the schema is at version %d, the code needs %d, and this user may not migrate it: run migrate as the schema's owner", version, latest)
 	}
 	_, stale, err := staleRoutines(ctx, tx)
 	if err != nil {
 		return err
 	}
 	if len(stale) > 0 {
-		return fmt.Errorf("migrate: routine %s is not the code's, and this user may not replace it: run migrate as the schema's owner", stale[0].name)
+		return fmt.Errorf("routine %s is not the code's, and this user may not replace it: run migrate as the schema's owner", stale[0].name)
 	}
 	return tx.Commit(ctx)
 }
@@ -317,6 +364,13 @@ func (d *Driver) Grant(ctx context.Context, role string) error {
 		return classify(err)
 	}
 	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
+	var readOnly bool
+	if err := tx.QueryRow(ctx, sqlReadOnly).Scan(&readOnly); err != nil {
+		return fmt.Errorf("check whether the server is read-only: %w", classify(err))
+	}
+	if readOnly {
+		return driver.NotApplied(driver.ErrReadOnly)
+	}
 	if _, err := tx.Exec(ctx, sqlMigrateLock, int64(migrateLockKey)); err != nil {
 		return fmt.Errorf("lock migrations: %w", classify(err))
 	}
@@ -343,9 +397,9 @@ func (d *Driver) Grant(ctx context.Context, role string) error {
 		if _, err := tx.Exec(ctx, s); err != nil {
 			var pgErr *pgconn.PgError
 			if errors.As(err, &pgErr) && pgErr.Code == "42704" { // undefined_object
-				return fmt.Errorf("grant to role %s: the role does not exist; create it first: %w", role, err)
+				return &worded{msg: fmt.Sprintf("the role %s does not exist; create it first", role), err: err}
 			}
-			return fmt.Errorf("grant to role %s: %w", role, err)
+			return fmt.Errorf("grant to role %s: %w", role, classify(err))
 		}
 	}
 	if err := tx.Commit(ctx); err != nil {
@@ -600,7 +654,7 @@ func (d *Driver) do(ctx context.Context, call func(session) error) error {
 		c, err := d.pool.Acquire(ctx)
 		if err != nil {
 			// Waiting for or dialling a connection sends no statement.
-			return driver.NotApplied(fmt.Errorf("acquire connection: %w", err))
+			return driver.NotApplied(connectionFailure(err))
 		}
 		direct, err := d.direct(ctx, c)
 		if err != nil {
@@ -731,6 +785,10 @@ func classify(err error) error {
 	if errors.Is(err, pgx.ErrNoRows) {
 		return driver.ErrNotFound
 	}
+	var connectErr *pgconn.ConnectError
+	if errors.As(err, &connectErr) { // before the server's errors: a refused login is one
+		return driver.NotApplied(connectionFailure(err))
+	}
 	var pgErr *pgconn.PgError
 	if errors.As(err, &pgErr) {
 		severity := pgErr.SeverityUnlocalized
@@ -741,17 +799,75 @@ func classify(err error) error {
 		case severity == "FATAL" || severity == "PANIC":
 			return err
 		case pgErr.Code == sqlstateIncarnation:
-			return driver.NotApplied(fmt.Errorf("%w: %s", driver.ErrIncarnationChanged, pgErr.Message))
+			return driver.NotApplied(incarnationError(pgErr))
+		case pgErr.Code == "25006": // read_only_sql_transaction: a hot standby
+			return driver.ReadOnly(err)
 		case rolledBack(err):
 			return driver.NotApplied(fmt.Errorf("run statement: rolled back by the server on every attempt: %w", err))
 		}
 		return driver.NotApplied(err)
 	}
-	var connectErr *pgconn.ConnectError
-	if pgconn.SafeToRetry(err) || errors.As(err, &connectErr) {
+	if pgconn.SafeToRetry(err) {
 		return driver.NotApplied(err)
 	}
 	return err
+}
+
+// incarnationPattern reads the two incarnations from fenced_incarnation_ok's message.
+var incarnationPattern = regexp.MustCompile(`incarnation (\S+) differs from (\S+) recorded`)
+
+func incarnationError(pgErr *pgconn.PgError) error {
+	m := incarnationPattern.FindStringSubmatch(pgErr.Message)
+	if m == nil {
+		return fmt.Errorf("%w: %s", driver.ErrIncarnationChanged, pgErr.Message)
+	}
+	return &driver.IncarnationError{Server: m[1], Recorded: m[2]}
+}
+
+// worded is an error in the user's terms, whose original stays reachable with errors.As.
+type worded struct {
+	msg string
+	err error
+}
+
+func (e *worded) Error() string { return e.msg }
+func (e *worded) Unwrap() error { return e.err }
+
+// connectionFailure words an error from getting a connection.
+func connectionFailure(err error) error {
+	var ce *pgconn.ConnectError
+	if !errors.As(err, &ce) {
+		return fmt.Errorf("wait for a connection: %w", err)
+	}
+	addr := ce.Config.Host
+	if !strings.HasPrefix(addr, "/") {
+		addr = net.JoinHostPort(addr, strconv.Itoa(int(ce.Config.Port)))
+	}
+	var (
+		pgErr *pgconn.PgError
+		dns   *net.DNSError
+		errno syscall.Errno
+		op    *net.OpError
+		cause string
+	)
+	switch {
+	case errors.As(err, &pgErr): // refused by the server: authentication, no such database
+		cause = pgErr.Message
+	case errors.As(err, &dns):
+		cause = dns.Error()
+	case errors.As(err, &errno):
+		cause = errno.Error()
+	case errors.As(err, &op):
+		cause = op.Err.Error()
+	default:
+		cause = errors.Unwrap(ce).Error()
+		if i := strings.IndexByte(cause, '\n'); i >= 0 { // joined attempts: the first says it
+			cause = cause[:i]
+		}
+	}
+	// The server's address and the cause, once: pgx's own message lists every address and
+	// every attempt (with TLS, then without), each with the same cause.
+	return &worded{msg: fmt.Sprintf("cannot connect to the PostgreSQL server at %s: %s", addr, cause), err: err}
 }
 
 // timeOf turns a nullable timestamp into a time in UTC, the zero time for NULL.

@@ -66,8 +66,8 @@ func TestIncarnationChanged(t *testing.T) {
 				"renew":   held.Renew(ctx, time.Minute),
 				"release": held.Release(ctx),
 			} {
-				if !errors.Is(err, driver.ErrIncarnationChanged) || !errors.Is(err, driver.ErrNotApplied) {
-					t.Errorf("%s after the incarnation changed: %v, want not applied (incarnation changed)", what, err)
+				if !errors.Is(err, driver.ErrIncarnationChanged) || !errors.Is(err, driver.ErrNotApplied) || !errors.Is(err, fenced.ErrRefused) {
+					t.Errorf("%s after the incarnation changed: %v, want refused, not applied (incarnation changed)", what, err)
 				}
 			}
 			if err := s.Migrate(ctx); err != nil { // Migrate must not accept the new incarnation

@@ -322,4 +322,10 @@ const (
 	sqlInstalledRoutines = `SELECT p.proname, p.prosrc FROM pg_proc p WHERE p.pronamespace = current_schema()::regnamespace AND p.proname LIKE 'fenced\_%'`
 
 	sqlCurrentSchema = `SELECT current_schema()`
+
+	// sqlIncarnationRecorded: Migrate records the incarnation once, when none is recorded.
+	sqlIncarnationRecorded = `SELECT system_identifier IS NOT NULL FROM fenced_meta WHERE id = 1`
+
+	// sqlReadOnly: a hot standby, or a server whose sessions default to read-only.
+	sqlReadOnly = `SELECT pg_is_in_recovery() OR current_setting('transaction_read_only') = 'on'`
 )

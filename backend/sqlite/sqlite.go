@@ -18,6 +18,7 @@ import (
 	"io/fs"
 	"net/url"
 	"os"
+	"path/filepath"
 	"sort"
 	"strconv"
 	"strings"
@@ -71,6 +72,9 @@ func Open(path string, opts ...Option) (*Driver, error) {
 	if path == "" {
 		return nil, errors.New("open sqlite: the path is empty")
 	}
+	if err := checkPath(path); err != nil {
+		return nil, err
+	}
 	d := &Driver{owned: true, writes: make(chan struct{}, 1)}
 	for _, o := range opts {
 		if err := o(d); err != nil {
@@ -83,6 +87,34 @@ func Open(path string, opts ...Option) (*Driver, error) {
 	}
 	d.db = db
 	return d, nil
+}
+
+// checkPath names the path and the reason when the database file cannot be opened or created
+// there; SQLite itself would only say "unable to open database file", at the first statement.
+func checkPath(path string) error {
+	if path == ":memory:" || strings.HasPrefix(path, "file:") {
+		return nil
+	}
+	fi, err := os.Stat(path)
+	switch {
+	case err == nil && fi.IsDir():
+		return fmt.Errorf("open SQLite database %s: it is a directory", path)
+	case err == nil:
+		return nil
+	case !errors.Is(err, fs.ErrNotExist):
+		return fmt.Errorf("open SQLite database %s: %w", path, errors.Unwrap(err)) // the reason, e.g. permission denied
+	}
+	dir := filepath.Dir(path)
+	fi, err = os.Stat(dir)
+	switch {
+	case errors.Is(err, fs.ErrNotExist):
+		return fmt.Errorf("open SQLite database %s: the directory %s does not exist", path, dir)
+	case err != nil:
+		return fmt.Errorf("open SQLite database %s: directory %s: %w", path, dir, errors.Unwrap(err))
+	case !fi.IsDir():
+		return fmt.Errorf("open SQLite database %s: %s is not a directory", path, dir)
+	}
+	return nil
 }
 
 // Option changes how Open sets up the driver.

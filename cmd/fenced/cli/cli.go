@@ -12,6 +12,7 @@ import (
 	"log/slog"
 	"os"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/spf13/cobra"
@@ -54,6 +55,7 @@ type app struct {
 	allowNonDur    bool          // --allow-nondurable
 	maxTTL         time.Duration // --max-ttl
 	ran            bool          // the command line was accepted and a command started
+	op             string        // what the user asked for, e.g. show "r": opening errors name it
 }
 
 func (a *app) root() *cobra.Command {
@@ -98,6 +100,10 @@ The schema is created on first use; "fenced migrate" does it explicitly.`,
 func (a *app) run(body func(cmd *cobra.Command, args []string) error) func(*cobra.Command, []string) error {
 	return func(cmd *cobra.Command, args []string) error {
 		a.ran = true
+		a.op = strings.TrimPrefix(cmd.CommandPath(), cmd.Root().Name()+" ")
+		if len(args) == 1 || len(args) > 0 && cmd.Name() == "run" {
+			a.op += fmt.Sprintf(" %q", args[0])
+		}
 		return body(cmd, args)
 	}
 }
@@ -113,18 +119,23 @@ func (a *app) dbURL(cmd *cobra.Command) string {
 	return defaultDB
 }
 
-// open returns a store over the selected database, creating the schema if needed.
+// open returns a store over the selected database, creating the schema if needed. Its errors
+// name the operation the user asked for, not the migration every command starts with.
 func (a *app) open(cmd *cobra.Command) (*fenced.Store, error) {
 	drv, err := openDriver(cmd.Context(), a.dbURL(cmd))
 	if err != nil {
 		return nil, err
 	}
+	if err := drv.Migrate(cmd.Context()); err != nil {
+		_ = drv.Close()
+		return nil, fmt.Errorf("%s: %w", a.op, err)
+	}
 	logger := slog.New(slog.NewTextHandler(a.stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
 	s, err := fenced.New(cmd.Context(), drv, &fenced.Config{Logger: logger, StrictDurability: a.strict,
-		AllowNonDurable: a.allowNonDur, MaxTTL: a.maxTTL})
+		AllowNonDurable: a.allowNonDur, MaxTTL: a.maxTTL, SkipMigrate: true})
 	if err != nil {
 		_ = drv.Close()
-		return nil, err
+		return nil, fmt.Errorf("%s: %w", a.op, err)
 	}
 	return s, nil
 }

@@ -23,7 +23,8 @@ const (
 // exitCodesHelp is printed under every command's help.
 const exitCodesHelp = `Exit codes:
   0  done
-  1  operational error (database unreachable, I/O)
+  1  operational error (database unreachable, I/O, a write sent to a read-only standby,
+     an acquisition after a restore or promotion until "fenced epoch bump")
   2  usage or invalid input (bad flag, argument, duration, generation, token, payload
      too large)
   3  busy: another owner holds an unexpired lease
@@ -31,7 +32,8 @@ const exitCodesHelp = `Exit codes:
      because the resource does not exist), or get found nothing published
   5  refused: the lease presented is not current (superseded, expired, released, or this
      generation already published, a stale source version, an operation id already
-     resolved, an epoch bumped since), or run lost its lease; nothing changed
+     resolved, an epoch bumped since, the database restored or promoted since), or run
+     lost its lease; nothing changed
   6  outcome unknown: the request may have reached the database but the reply was lost;
      for publish, "fenced resolve ID" settles it
   7  torture found violations

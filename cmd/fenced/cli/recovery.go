@@ -1,7 +1,6 @@
 package cli
 
 import (
-	"fmt"
 	"time"
 
 	"github.com/spf13/cobra"
@@ -123,7 +122,7 @@ prune sooner.`,
 			defer s.Close()
 			n, err := s.PruneOperations(cmd.Context(), olderThan)
 			if err != nil {
-				return fmt.Errorf("prune: %w", err)
+				return err
 			}
 			return a.print(map[string]any{"pruned": n})
 		}),
