@@ -93,12 +93,12 @@ func TestSuiteCatchesClockBeforeRowLock(t *testing.T) {
 			if err == nil {
 				t.Fatalf("RowLockAcrossExpiry passed against statements that read the clock before the row lock:\n%s", out)
 			}
+			// Whichever of the two gets the lock first acts on the expired lease; the other
+			// may then see the row it changed, so only one is certain to be accepted.
 			for _, mode := range []string{"LockOnly", "UpdateThenRollback"} {
-				for _, op := range []string{"renewal", "publication"} {
-					want := "the " + op + " that waited on the row lock (" + mode + ") until after the lease expired was accepted"
-					if !strings.Contains(string(out), want) {
-						t.Errorf("the child did not report %q:\n%s", want, out)
-					}
+				want := "that waited on the row lock (" + mode + ") until after the lease expired was accepted"
+				if !strings.Contains(string(out), want) {
+					t.Errorf("the child did not report %q:\n%s", want, out)
 				}
 			}
 		})

@@ -60,7 +60,7 @@ func testRowLockAcrossExpiry(t *testing.T, e *env) {
 }
 
 func rowLockAcrossExpiry(t *testing.T, e *env, mode RowLockMode) {
-	const resource = "row lock ⏳ r"
+	resource := "row lock ⏳ " + mode.String()
 	s := e.store(t) // migrates
 	provision(t, s, resource)
 	c := ctx(t)
