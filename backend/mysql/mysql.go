@@ -6,9 +6,9 @@
 // operation id in one transaction, which runs inside a stored procedure that Migrate installs
 // (fenced_publish, fenced_publish_and_release; so is the epoch bump): one round trip, so that
 // a lost reply can only be lost after the server decided, and no session can write one half
-// without the other. Expiry is judged by UTC_TIMESTAMP(6) on the server, and every time is
-// stored as a UTC DATETIME(6), so no session's time_zone setting, and no client clock, ever
-// moves an expiry.
+// without the other. Expiry is judged by the server's clock in UTC, read once the row's lock is
+// held (SYSDATE(6), see clockAfterLock in sql.go), and every time is stored as a UTC
+// DATETIME(6), so no session's time_zone setting, and no client clock, ever moves an expiry.
 //
 // MySQL has no UPDATE ... RETURNING. An acquisition gets its new generation in the same reply
 // through LAST_INSERT_ID(generation + 1), and a renewal its new expiry through
@@ -86,7 +86,9 @@ var (
 //
 // Nothing else in the DSN matters to correctness: parseTime and loc are irrelevant because
 // times are read as integer microseconds, and time_zone is irrelevant because the clock is
-// UTC_TIMESTAMP(6) and the columns are DATETIME. The pool size is the caller's choice; every
+// read in UTC (UTC_TIMESTAMP(6), or SYSDATE(6) less the session's offset from UTC) and the
+// columns are DATETIME; only a zone with daylight saving could shift a reading, by the DST step,
+// in a statement whose lock wait spans the change, so '+00:00' or a UTC host is best. The pool size is the caller's choice; every
 // call uses one connection for one statement (two for a refused or granted acquisition).
 func New(db *sql.DB) *Driver { return &Driver{db: db} }
 

@@ -21,7 +21,9 @@
 // level).
 //
 // Expiry is judged by the server's clock_timestamp(), never by now(), which is frozen at the
-// start of a transaction (see sql.go). Tables and functions are not schema-qualified in calls,
+// start of a transaction; a renewal or a publication first locks the row, in the same
+// transaction (a batch of two statements, or two statements in the function), so that it reads
+// the clock after any wait for another session's lock (see sql.go). Tables and functions are not schema-qualified in calls,
 // so the connection's search_path chooses the schema.
 //
 // # Isolation levels
