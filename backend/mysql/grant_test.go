@@ -83,7 +83,8 @@ func newGrantedTarget(t *testing.T) drivertest.Target {
 			}
 			return newStore(t, open(t, dbURL)).Grant(ctx, u.User.Username())
 		},
-		SetEpoch: setEpochWith(admin),
+		SetEpoch:    setEpochWith(admin),
+		HoldRowLock: holdRowLock(admin.DB()),
 	}
 }
 

@@ -6,9 +6,9 @@
 // operation id in one transaction, which runs inside a stored procedure that Migrate installs
 // (fenced_publish, fenced_publish_and_release; so is the epoch bump): one round trip, so that
 // a lost reply can only be lost after the server decided, and no session can write one half
-// without the other. Expiry is judged by UTC_TIMESTAMP(6) on the server, and every time is
-// stored as a UTC DATETIME(6), so no session's time_zone setting, and no client clock, ever
-// moves an expiry.
+// without the other. Expiry is judged by the server's clock in UTC, read once the row's lock is
+// held (SYSDATE(6), see clockAfterLock in sql.go), and every time is stored as a UTC
+// DATETIME(6), so no session's time_zone setting, and no client clock, ever moves an expiry.
 //
 // MySQL has no UPDATE ... RETURNING. An acquisition gets its new generation in the same reply
 // through LAST_INSERT_ID(generation + 1), and a renewal its new expiry through
@@ -86,7 +86,9 @@ var (
 //
 // Nothing else in the DSN matters to correctness: parseTime and loc are irrelevant because
 // times are read as integer microseconds, and time_zone is irrelevant because the clock is
-// UTC_TIMESTAMP(6) and the columns are DATETIME. The pool size is the caller's choice; every
+// read in UTC (UTC_TIMESTAMP(6), or SYSDATE(6) less the session's offset from UTC) and the
+// columns are DATETIME; only a zone with daylight saving could shift a reading, by the DST step,
+// in a statement whose lock wait spans the change, so '+00:00' or a UTC host is best. The pool size is the caller's choice; every
 // call uses one connection for one statement (two for a refused or granted acquisition).
 func New(db *sql.DB) *Driver { return &Driver{db: db} }
 
@@ -399,8 +401,11 @@ func (d *Driver) PruneOperations(ctx context.Context, age time.Duration) (int64,
 // CheckDurability warns about server settings under which a commit that was acknowledged can
 // be lost in a crash: InnoDB's redo log not flushed at each commit, a binary log not synced at
 // each commit (a crash can then lose commits the binary log, and so every replica, never saw),
-// and a fenced table on an engine other than InnoDB. When the server cannot be reached it says
-// so as its warning, so that a store can still be made (and fail on its first operation).
+// and a fenced table on an engine other than InnoDB. It also reports a server started with
+// --sysdate-is-now, which no variable shows: SYSDATE() then reads the clock when the statement
+// starts, like NOW(), and a renewal or a publication that waited on a row lock past the
+// lease's expiry would be accepted (see clockAfterLock). When the server cannot be reached it
+// says so as its warning, so that a store can still be made (and fail on its first operation).
 func (d *Driver) CheckDurability(ctx context.Context) ([]string, error) {
 	procs, err := d.procedures(ctx)
 	if err == nil {
@@ -410,8 +415,16 @@ func (d *Driver) CheckDurability(ctx context.Context) ([]string, error) {
 		if err == nil {
 			s.engines, err = d.tableEngines(ctx, procs)
 		}
+		var sysdateIsNow bool
 		if err == nil {
-			return s.warnings(), nil
+			err = d.db.QueryRowContext(ctx, sqlSysdateIsNow).Scan(&sysdateIsNow)
+		}
+		if err == nil {
+			out := s.warnings()
+			if sysdateIsNow {
+				out = append(out, warnSysdateIsNow)
+			}
+			return out, nil
 		}
 	}
 	return nil, fmt.Errorf("read durability settings: %w", err)
@@ -444,6 +457,13 @@ func (d *Driver) tableEngines(ctx context.Context, procs bool) (map[string]strin
 	}
 	return engines, rows.Close()
 }
+
+// sqlSysdateIsNow is true when SYSDATE(6), called after a sleep, still reads the statement's
+// start (NOW(6)): the server runs with --sysdate-is-now. AND evaluates left to right.
+const sqlSysdateIsNow = `SELECT NOT (SLEEP(0.001) = 0 AND SYSDATE(6) > NOW(6))`
+
+const warnSysdateIsNow = "the server runs with --sysdate-is-now: SYSDATE() reads the clock when a statement starts, " +
+	"so a renewal or a publication that waits on a row lock past the lease's expiry is accepted; restart it without that option"
 
 type durabilitySettings struct {
 	flushLogAtTrxCommit, logBin, syncBinlog int64

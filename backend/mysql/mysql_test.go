@@ -57,6 +57,7 @@ func newTarget(t *testing.T) drivertest.Target {
 		},
 		LoseEverything: func(ctx context.Context) error { return mysql.RecreateTestDatabase(ctx, dbURL) },
 		SetEpoch:       setEpochWith(admin),
+		HoldRowLock:    holdRowLock(admin.DB()),
 	}
 }
 

@@ -11,9 +11,16 @@ import (
 // the same text with the names turned into procedure parameters (see procedures.go). So the
 // fence is stated in one place whichever way a session reaches it.
 //
-// The statements use only UTC_TIMESTAMP(6) for the engine's clock, never NOW() or
-// CURRENT_TIMESTAMP, whose value depends on the session's time_zone. MySQL evaluates the clock
-// once per statement, so every comparison and assignment in one statement sees the same instant.
+// The engine's clock is UTC, never NOW() or CURRENT_TIMESTAMP alone, whose value depends on
+// the session's time_zone. UTC_TIMESTAMP(6), like NOW(6), is read once, when the statement
+// starts, which is before any row lock wait: InnoDB waits up to innodb_lock_wait_timeout (50 s
+// by default) for another transaction's row lock, and a renewal or a publication that judged
+// expiry with that reading would act on a lease that ran out while it waited. The statements
+// that must not act on an expired lease judge it with clockAfterLock instead, which calls
+// SYSDATE(6) when the row is evaluated: InnoDB hands the row to the server only once it holds
+// the row's lock (with a semi-consistent read under READ COMMITTED the condition is evaluated
+// once more after the lock is granted), so the reading is taken with the lock held
+// (TestConformance/RowLockAcrossExpiry holds the lock across an expiry).
 //
 // Times are read back as integer microseconds since 1970-01-01 00:00:00 (TIMESTAMPDIFF against
 // a DATETIME literal, which no time zone converts), so neither the session's time_zone nor the
@@ -21,8 +28,19 @@ import (
 
 const (
 	unixEpoch = `TIMESTAMP'1970-01-01 00:00:00'`
-	// nowMicros is the engine's clock in microseconds since the Unix epoch.
+	// nowMicros is the engine's clock in microseconds since the Unix epoch, at the start of
+	// the statement.
 	nowMicros = `TIMESTAMPDIFF(MICROSECOND, ` + unixEpoch + `, UTC_TIMESTAMP(6))`
+
+	// clockAfterLock is the engine's UTC clock when it is called. SYSDATE(6) is the session's
+	// local time at the call; the session's offset from UTC, NOW(6) - UTC_TIMESTAMP(6) (both
+	// read at the statement's start), takes it back to UTC, so no time_zone setting moves it:
+	// only a change of the session zone's offset (daylight saving) during a lock wait would,
+	// and '+00:00' or 'SYSTEM' on a UTC host have none. A server started with --sysdate-is-now
+	// makes SYSDATE() NOW(): CheckDurability reports it.
+	clockAfterLock = `(SYSDATE(6) - INTERVAL TIMESTAMPDIFF(MICROSECOND, UTC_TIMESTAMP(6), NOW(6)) MICROSECOND)`
+	// clockAfterLockMicros is clockAfterLock in microseconds since the Unix epoch.
+	clockAfterLockMicros = `TIMESTAMPDIFF(MICROSECOND, ` + unixEpoch + `, ` + clockAfterLock + `)`
 
 	// currentEpoch is the store's epoch, read with a shared lock inside the statement that uses
 	// it. The lock is what orders an acquisition against BumpEpoch, which holds the row's
@@ -165,8 +183,8 @@ ON DUPLICATE KEY UPDATE resource = resource`)
 	sqlAcquire = newStmt("acquire", kindExec, `UPDATE fenced_resources
 SET generation = LAST_INSERT_ID(generation + 1),
     epoch = (@fenced_acquired_epoch := `+currentEpoch+`),
-    lease_owner = :owner, lease_until = UTC_TIMESTAMP(6) + INTERVAL :ttl MICROSECOND
-WHERE resource = :resource AND (lease_until IS NULL OR lease_until <= UTC_TIMESTAMP(6))`)
+    lease_owner = :owner, lease_until = `+clockAfterLock+` + INTERVAL :ttl MICROSECOND
+WHERE resource = :resource AND (lease_until IS NULL OR lease_until <= `+clockAfterLock+`)`)
 
 	// sqlReadLease is the read Acquire makes after its statement, on the same connection.
 	sqlReadLease = newStmt("read_lease", kindQuery, `SELECT epoch, generation, lease_owner, `+micros("lease_until")+`,
@@ -178,13 +196,13 @@ FROM fenced_resources WHERE resource = :resource`)
 	// exactly the value written. A renewal that writes the value already there still matches,
 	// because connections report matched rows.
 	sqlRenew = newStmt("renew", kindExec, `UPDATE fenced_resources
-SET lease_until = TIMESTAMPADD(MICROSECOND, LAST_INSERT_ID(`+nowMicros+` + :ttl), `+unixEpoch+`)
-WHERE `+leaseMatches+` AND lease_until > UTC_TIMESTAMP(6)`)
+SET lease_until = TIMESTAMPADD(MICROSECOND, LAST_INSERT_ID(`+clockAfterLockMicros+` + :ttl), `+unixEpoch+`)
+WHERE `+leaseMatches+` AND lease_until > `+clockAfterLock)
 
 	publishSet = `payload = :payload, published_generation = :generation, published_epoch = :epoch,
-    published_at = UTC_TIMESTAMP(6),
+    published_at = ` + clockAfterLock + `,
     source_version = CASE WHEN :source_version > 0 THEN :source_version ELSE source_version END`
-	publishWhere = leaseMatches + ` AND lease_until > UTC_TIMESTAMP(6)
+	publishWhere = leaseMatches + ` AND lease_until > ` + clockAfterLock + `
   AND published_generation < :generation AND (:source_version = 0 OR source_version <= :source_version)
   AND NOT EXISTS (SELECT 1 FROM fenced_operations WHERE op_id = :op_id)`
 

@@ -21,7 +21,9 @@
 // level).
 //
 // Expiry is judged by the server's clock_timestamp(), never by now(), which is frozen at the
-// start of a transaction (see sql.go). Tables and functions are not schema-qualified in calls,
+// start of a transaction; a renewal or a publication first locks the row, in the same
+// transaction (a batch of two statements, or two statements in the function), so that it reads
+// the clock after any wait for another session's lock (see sql.go). Tables and functions are not schema-qualified in calls,
 // so the connection's search_path chooses the schema.
 //
 // # Isolation levels
@@ -719,19 +721,16 @@ type session struct {
 }
 
 // queryRow runs rt's statement, or calls its routine, for the rows it returns. In direct mode
-// a routine with a statement before (Resolve) is sent as a batch of the two statements: one
-// round trip and one implicit transaction, as the routine's call is.
+// a routine with a statement before (the row lock, Resolve's INSERT) is sent as a batch of the
+// statements: one round trip and one implicit transaction, as the routine's call is.
 func (c session) queryRow(ctx context.Context, rt routine, args ...any) pgx.Row {
 	if !c.direct {
 		return c.QueryRow(ctx, rt.call(), append([]any{execMode}, args...)...)
 	}
-	if rt.before == "" {
-		return c.QueryRow(ctx, rt.statement, append([]any{execMode}, args...)...)
+	if b := batch(rt, args); b != nil {
+		return batchRow{c.SendBatch(ctx, b), b.Len() - 1}
 	}
-	b := &pgx.Batch{}
-	b.Queue(rt.before, args...)
-	b.Queue(rt.statement, args...)
-	return batchRow{c.SendBatch(ctx, b)}
+	return c.QueryRow(ctx, rt.statement, append([]any{execMode}, args...)...)
 }
 
 // rowCount runs rt's statement, or calls its routine, for the number of rows it changed.
@@ -741,15 +740,51 @@ func (c session) rowCount(ctx context.Context, rt routine, args ...any) (int64, 
 		err := c.QueryRow(ctx, rt.call(), append([]any{execMode}, args...)...).Scan(&n)
 		return n, err
 	}
+	if b := batch(rt, args); b != nil {
+		br := c.SendBatch(ctx, b)
+		var tag pgconn.CommandTag
+		var err error
+		for i := 0; i < b.Len() && err == nil; i++ {
+			tag, err = br.Exec()
+		}
+		if cerr := br.Close(); err == nil {
+			err = cerr
+		}
+		return tag.RowsAffected(), err
+	}
 	tag, err := c.Exec(ctx, rt.statement, append([]any{execMode}, args...)...)
 	return tag.RowsAffected(), err
 }
 
-// batchRow is the row of a batch's last statement.
-type batchRow struct{ br pgx.BatchResults }
+// batch returns the statements of rt that run before its last, followed by that one, or nil
+// when rt is one statement. pgx sends a batch with the connection's default execution mode
+// (prepared and cached unless the URL says otherwise) and one Sync: one implicit transaction.
+func batch(rt routine, args []any) *pgx.Batch {
+	if !rt.lockFirst && rt.before == "" {
+		return nil
+	}
+	b := &pgx.Batch{}
+	if rt.lockFirst {
+		b.Queue(sqlLockRow, args[0])
+	}
+	if rt.before != "" {
+		b.Queue(rt.before, args...)
+	}
+	b.Queue(rt.statement, args...)
+	return b
+}
+
+// batchRow is the row of a batch's last statement; the statements before it return none.
+type batchRow struct {
+	br     pgx.BatchResults
+	before int
+}
 
 func (r batchRow) Scan(dest ...any) error {
-	_, err := r.br.Exec()
+	var err error
+	for i := 0; i < r.before && err == nil; i++ {
+		_, err = r.br.Exec()
+	}
 	if err == nil {
 		err = r.br.QueryRow().Scan(dest...)
 	}

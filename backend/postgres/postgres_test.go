@@ -108,6 +108,7 @@ func newTarget(params map[string]string) drivertest.NewTarget {
 			Unreachable:    unreachable,
 			LoseEverything: func(ctx context.Context) error { return recreateSchema(ctx, rawURL) },
 			SetEpoch:       setEpochWith(admin),
+			HoldRowLock:    holdRowLock(rawURL),
 		}
 	}
 }

@@ -330,7 +330,8 @@ func grantedTarget(params map[string]string) drivertest.NewTarget {
 				}
 				return owner.Grant(ctx, role)
 			},
-			SetEpoch: setEpochWith(admin),
+			SetEpoch:    setEpochWith(admin),
+			HoldRowLock: holdRowLock(rawURL),
 		}
 	}
 }

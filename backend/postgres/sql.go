@@ -7,11 +7,18 @@ import (
 
 // Every statement reads the clock with clock_timestamp(), the time at the moment of the call.
 // now() and CURRENT_TIMESTAMP are frozen at the start of the transaction, so a statement that
-// waits on a row lock, or runs inside a transaction the caller opened earlier, would judge
-// expiry against a time in the past and accept a lease that has already run out. When an
-// UPDATE under READ COMMITTED waits for another transaction's row lock, PostgreSQL re-evaluates
-// its WHERE clause against the newest row version after the wait, calling clock_timestamp()
-// again, so the check is made at the moment the row is actually changed.
+// runs inside a transaction the caller opened earlier would judge expiry against a time in the
+// past.
+//
+// That is not enough when an UPDATE waits for another transaction's row lock. Under READ
+// COMMITTED PostgreSQL re-evaluates the WHERE clause and the SET list after the wait
+// (EvalPlanQual) only when the other transaction updated the row and committed; when it only
+// locked the row (FOR UPDATE, FOR NO KEY UPDATE) or updated it and rolled back, the values
+// computed before the wait stand, clock_timestamp() included, and a renewal that waited past
+// the expiry would revive the lease. So the statements that must not act on an expired lease
+// (renewal, publication) run after sqlLockRow, in the same transaction: the lock statement
+// waits, and the statement that decides starts, and reads the clock, with the lock held
+// (lockFirst; TestConformance/RowLockAcrossExpiry holds the lock both ways).
 //
 // Durations arrive as microseconds ($n) and become intervals in SQL.
 const ttlInterval = `* interval '1 microsecond'`
@@ -54,6 +61,11 @@ const (
 const sqlstateIncarnation = "FNC01"
 
 const (
+	// sqlLockRow takes the row lock an UPDATE of the lease takes, waiting for any holder. It
+	// changes nothing; its only effect is that the statement after it, in the same
+	// transaction, cannot wait on the row any more.
+	sqlLockRow = `SELECT FROM fenced_resources WHERE resource = $1 FOR NO KEY UPDATE`
+
 	sqlProvision = `INSERT INTO fenced_resources (resource) VALUES ($1) ON CONFLICT (resource) DO NOTHING`
 
 	// sqlAcquire makes its decision in the UPDATE's WHERE clause and, in the same round trip,
@@ -67,6 +79,10 @@ const (
 	// runs concurrently with BumpEpoch may still get the old epoch (with a new generation, so
 	// its token is still the greatest so far). After a restore that cannot collide with a lost
 	// token, because acquisitions are refused until the bump has recorded the new incarnation.
+	//
+	// It does not take the row lock first (see sqlLockRow): a clock read before a lock wait
+	// can only refuse a lease that ran out during the wait (busy; the caller tries again) or
+	// store an expiry earlier than the end of the wait plus the TTL, both on the safe side.
 	sqlAcquire = `WITH acquired AS (
     UPDATE fenced_resources
     SET generation = generation + 1, epoch = ` + currentEpoch + `, lease_owner = $2,
@@ -192,6 +208,8 @@ type routine struct {
 	// before runs first (Resolve's INSERT); statement is the one whose result is returned.
 	before    string
 	statement string
+	// lockFirst runs sqlLockRow on the resource ($1) before statement, in its transaction.
+	lockFirst bool
 	// granted routines are executable by a role passed to Grant.
 	granted bool
 }
@@ -226,6 +244,9 @@ func (r routine) body() string {
 		b.WriteString("DECLARE\n    n bigint;\n")
 	}
 	b.WriteString("BEGIN\n")
+	if r.lockFirst {
+		b.WriteString("PERFORM" + strings.TrimPrefix(sqlLockRow, "SELECT") + ";\n")
+	}
 	if r.before != "" {
 		b.WriteString(r.before + ";\n")
 	}
@@ -261,11 +282,11 @@ var (
 		returns:   "TABLE (o_acquired boolean, o_epoch bigint, o_generation bigint, o_lease_until timestamptz, o_seen_free boolean)",
 		statement: sqlAcquire, granted: true}
 	rtRenew = routine{name: "fenced_renew", params: "text, text, bigint, bigint, bigint",
-		returns: "TABLE (o_lease_until timestamptz)", statement: sqlRenew, granted: true}
+		returns: "TABLE (o_lease_until timestamptz)", statement: sqlRenew, lockFirst: true, granted: true}
 	rtPublish = routine{name: "fenced_publish", params: "text, text, bigint, bigint, bytea, bigint, text",
-		returns: "bigint", statement: sqlPublish, granted: true}
+		returns: "bigint", statement: sqlPublish, lockFirst: true, granted: true}
 	rtPublishAndRelease = routine{name: "fenced_publish_and_release", params: "text, text, bigint, bigint, bytea, bigint, text",
-		returns: "bigint", statement: sqlPublishAndRelease, granted: true}
+		returns: "bigint", statement: sqlPublishAndRelease, lockFirst: true, granted: true}
 	rtRelease = routine{name: "fenced_release", params: "text, text, bigint, bigint",
 		returns: "bigint", statement: sqlRelease, granted: true}
 	rtRead = routine{name: "fenced_read", params: "text",

@@ -122,6 +122,8 @@ func newTarget(t *testing.T) drivertest.Target {
 		Unreachable: func(t *testing.T) driver.Driver {
 			return open(t, "redis://"+drivertest.ClosedAddr(t)+"/0?dial_timeout=1s")
 		},
+		NoRowLock: "Redis has no locks: each operation is one script that runs alone from start to end " +
+			"and reads TIME inside it, so nothing can make it wait between reading the clock and writing",
 	}
 }
 

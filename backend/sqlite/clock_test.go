@@ -32,6 +32,8 @@ func TestConformanceClockOffset(t *testing.T) {
 			Open:           func(t *testing.T) driver.Driver { return open(t) },
 			LostReply:      func(t *testing.T) (driver.Driver, func()) { return drivertest.LoseReplies(open(t)) },
 			LoseEverything: func(context.Context) error { return deleteDatabase(path) },
+			NoRowLock: "SQLite has no row locks: a writing statement waits for the database's one write lock " +
+				"before it reads any row or the clock, so no statement can wait on a lock while holding an earlier reading",
 			Expire: func(ctx context.Context, resource string) error {
 				_, err := admin.DB().ExecContext(ctx, admin.q(`UPDATE fenced_resources
 					SET lease_until = `+nowMicros+` - 1000000

@@ -48,6 +48,8 @@ func newTarget(t *testing.T) drivertest.Target {
 		},
 		Open:      func(t *testing.T) driver.Driver { return mutate(open(t)) },
 		LostReply: func(t *testing.T) (driver.Driver, func()) { return drivertest.LoseReplies(open(t)) },
+		NoRowLock: "SQLite has no row locks: a writing statement waits for the database's one write lock " +
+			"before it reads any row or the clock, so no statement can wait on a lock while holding an earlier reading",
 		Expire: func(ctx context.Context, resource string) error {
 			_, err := admin.DB().ExecContext(ctx, `UPDATE fenced_resources
 				SET lease_until = CAST(unixepoch('subsec') * 1000000 AS INTEGER) - 1000000

@@ -54,6 +54,13 @@ type Target struct {
 	// AllowNonDurable opens the suite's stores with fenced.Config.AllowNonDurable, for a test
 	// server that runs without durable settings (this machine's Redis has no append-only file).
 	AllowNonDurable bool
+
+	// HoldRowLock makes a session of the target's own hold resource's row lock, in mode, and
+	// returns once it holds it; the renewal and the publication of RowLockAcrossExpiry then wait
+	// for it. Nil for an engine where no statement waits on another session's lock while the
+	// lease expires; NoRowLock then says why.
+	HoldRowLock func(ctx context.Context, resource string, mode RowLockMode) (RowLock, error)
+	NoRowLock   string
 }
 
 // NewTarget returns a Target for one test; the backend creates a fresh schema, database or
@@ -74,6 +81,7 @@ func Run(t *testing.T, newTarget NewTarget) {
 		{"RenewRefusedAfterSupersession", testRenewAfterSupersession},
 		{"RenewRefusedAfterExpiry", testRenewAfterExpiry},
 		{"RenewExtends", testRenewExtends},
+		{"RowLockAcrossExpiry", testRowLockAcrossExpiry},
 		{"OverlappingAcquisitions", testOverlappingAcquisitions},
 		{"GenerationsSurviveReleaseAndReopen", testGenerationsSurvive},
 		{"BadInputChangesNothing", testBadInput},

@@ -64,6 +64,9 @@ Faults (--faults, comma-separated; default: every one that applies to the databa
               not implemented for the other backends
   clock       jump the database clock forward and back: SQLite only (an offset file read by
               every statement); PostgreSQL's clock_timestamp() cannot be offset
+  rowlock     hold a leased resource's row lock (FOR UPDATE, or an UPDATE rolled back) until
+              after the lease expired, while its renewal or publication waits on it: PostgreSQL
+              and MariaDB; the checker flags any of them accepted
 
 --unfenced runs the same schedule with a plain lock: the same acquisitions, then an
 unconditional write of the payload (SQLite and PostgreSQL). It must report violations.
@@ -87,7 +90,7 @@ Exit code 7: violations found.`,
 	f.DurationVar(&o.duration, "duration", 30*time.Second, "how long the workers run")
 	f.IntVar(&o.workers, "workers", 4, "worker processes")
 	f.IntVar(&o.resources, "resources", 3, "resources")
-	f.StringVar(&o.faults, "faults", "", "faults to inject: pause,kill,drop-reply,restart,clock (default: all that apply)")
+	f.StringVar(&o.faults, "faults", "", "faults to inject: pause,kill,drop-reply,restart,clock,rowlock (default: all that apply)")
 	f.BoolVar(&o.unfenced, "unfenced", false, "use a plain lock (unconditional write): the checker must find violations")
 	f.StringVar(&o.report, "report", "", "directory for the HTML report and the histories (default: a new temporary directory)")
 	f.DurationVar(&o.checkTimeout, "check-timeout", time.Minute, "bound on the model check of each resource")
@@ -103,12 +106,14 @@ func faultPlan(scheme string, restartErr error, requested []string) (use []strin
 	}
 	switch scheme {
 	case "sqlite":
+		why[torture.FaultRowLock] = "not applicable to SQLite: no row locks; a statement takes the one write lock before it reads the clock"
 	case "postgres", "postgresql":
 		why[torture.FaultClock] = "not applicable to PostgreSQL: clock_timestamp() is the server's system clock and has no offset to inject"
 	case "mysql", "mariadb":
 		why[torture.FaultClock] = "not applicable to MariaDB: UTC_TIMESTAMP(6) is the server's system clock and has no offset to inject"
 	default:
 		why[torture.FaultClock] = "not implemented for " + scheme
+		why[torture.FaultRowLock] = "not implemented for " + scheme
 	}
 	notApplicable = map[string]string{}
 	for _, f := range requested {
@@ -314,6 +319,7 @@ type tortureRun struct {
 	procs []*tortureProc // current process of each slot
 	until time.Time      // workers start no new iteration after it
 	nem   *torture.Recorder
+	drv   driver.Driver // the parent's own connections (reader, rowlock)
 }
 
 // tortureProc is one worker process seen from the parent.
@@ -362,7 +368,7 @@ func (t *tortureRun) execute(ctx context.Context, drv driver.Driver, plan []tort
 		return err
 	}
 	defer nem.Close()
-	t.nem = nem
+	t.nem, t.drv = nem, drv
 	reader, err := torture.NewRecorder(filepath.Join(t.hist, "reader.jsonl"), "reader")
 	if err != nil {
 		return err
@@ -575,6 +581,8 @@ func (t *tortureRun) inject(ctx context.Context, f torture.Fault) {
 			detail = err.Error()
 		}
 		_ = t.nem.Write(torture.Record{Kind: torture.KindEvent, Event: torture.FaultRestart, Time: begin, EndTime: torture.Now(), Detail: detail})
+	case torture.FaultRowLock:
+		t.holdRowLock(ctx, f)
 	case torture.FaultClock:
 		us := f.OffsetMs * 1000
 		if err := os.WriteFile(t.clockFile, []byte(strconv.FormatInt(us, 10)+"\n"), 0o644); err != nil {

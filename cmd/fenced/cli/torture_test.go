@@ -104,7 +104,7 @@ func TestTortureSQLite(t *testing.T) {
 func TestTorturePostgres(t *testing.T) {
 	t.Parallel()
 	// restart is left out: the other tests share this server.
-	tortureBoth(t, postgresSchema(t), []string{"pause", "kill", "drop-reply"}, "--faults", "pause,kill,drop-reply")
+	tortureBoth(t, postgresSchema(t), []string{"pause", "kill", "drop-reply", "rowlock"}, "--faults", "pause,kill,drop-reply,rowlock")
 }
 
 func TestTortureUsage(t *testing.T) {

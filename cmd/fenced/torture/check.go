@@ -18,6 +18,7 @@ const (
 	InvPublishedGrows   = "4b the published generation never decreases (publications and reads, in real time)"
 	InvPayloadBelongs   = "5 the payload belongs to the publication that set the published generation"
 	InvLeaseExists      = "6 an accepted renewal, publication or release carries an acquisition that was made"
+	InvNoRevival        = "6 no renewal or publication that waited on a row lock (rowlock fault) past its lease's expiry is accepted"
 	InvReadsMonotonic   = "9 reads never go back in time (per reader)"
 	InvIdentityPerAcq   = "12 identity per acquisition: no owner identity is used by two acquisitions"
 	maxExcerpt          = 40
@@ -27,11 +28,11 @@ const (
 
 // Invariants lists what Check verifies, in order.
 var Invariants = []string{InvLinearizable, InvUniqueTokens, InvRealTimeOrder, InvFence, InvOnePublication,
-	InvPublishedGrows, InvPayloadBelongs, InvLeaseExists, InvReadsMonotonic, InvIdentityPerAcq}
+	InvPublishedGrows, InvPayloadBelongs, InvLeaseExists, InvNoRevival, InvReadsMonotonic, InvIdentityPerAcq}
 
 // NotShown lists the invariants a history of this kind cannot show, and why.
 var NotShown = []string{
-	"6 (renewal never revives an EXPIRED lease): the history has no database clock, so a renewal accepted after a lease expired with nobody taking over looks like a renewal just in time; only revival after a successor's acquisition is checked (as 3)",
+	"6 (renewal never revives an EXPIRED lease): the history has no database clock, so a renewal accepted after a lease expired with nobody taking over looks like a renewal just in time; only revival after a successor's acquisition is checked (as 3), and, with the rowlock fault, revival by a statement that waited on the row lock until after the expiry",
 	"7 durability: shown only when a restart ran; then every read after it must still be explained by the model, which includes the acknowledged generations",
 	"8 rollback detection: no fault restores an older copy (a later issue)",
 	"10 expiry by the database's clock alone: not visible in a history; the clock fault (SQLite) jumps that clock and the other invariants must still hold",
@@ -107,6 +108,7 @@ func Check(h *History, init map[string]State, timeout time.Duration) *Result {
 		c.publications(res, ops)
 		c.payloads(res, ops)
 	}
+	c.rowLocks()
 	c.readers()
 	c.identities()
 	for _, res := range h.Resources() {
@@ -431,6 +433,34 @@ func (c *checker) payloads(res string, ops []*Op) {
 				c.violate(InvPayloadBelongs, res, fmt.Sprintf(
 					"show returned a %d-byte payload for generation %d, which no publication of that generation had",
 					op.PayloadBytes, op.ReadPub), op)
+			}
+		}
+	}
+}
+
+// rowLocks checks the rowlock fault's part of invariant 6. While the nemesis held a resource's
+// row lock, from Time (the lock held and the lease read) to EndTime (just before the lock was
+// released), nothing could change the row: a renewal or a publication of the lease it read,
+// called in that interval, took effect after EndTime, if at all. When the lease had expired by
+// then (Until < EndTime), accepting it would act on an expired lease.
+func (c *checker) rowLocks() {
+	for _, e := range c.h.Events {
+		if e.Event != FaultRowLock || e.Owner == "" || e.Until >= e.EndTime {
+			continue
+		}
+		for _, op := range c.h.Ops {
+			if op.Resource != e.Resource || op.Owner != e.Owner || op.Gen != e.Gen ||
+				op.Call <= e.Time || op.Call >= e.EndTime {
+				continue
+			}
+			if op.Kind != OpRenew && op.Kind != OpPublish && op.Kind != OpPublishRelease {
+				continue
+			}
+			c.res[InvNoRevival].Checked++
+			if op.Out == OutOK {
+				c.violate(InvNoRevival, op.Resource, fmt.Sprintf(
+					"%s of generation %d waited on a row lock held from %.3fs to %.3fs and was accepted, though the lease expired by %.3fs",
+					op.Kind, op.Gen, c.h.Seconds(e.Time), c.h.Seconds(e.EndTime), c.h.Seconds(e.Until)), op)
 			}
 		}
 	}

@@ -217,3 +217,36 @@ func TestRecorderKeepsEventProc(t *testing.T) {
 		t.Fatalf("events %+v ops %+v", h.Events, h.Ops)
 	}
 }
+
+// TestRevivalAfterRowLockFlagged: the nemesis held the row from 30 to 90 while the lease it read
+// expired at 60; A's renewal and publication, called at 40 and 45, waited on the lock. Accepted,
+// they act on an expired lease; refused, the history is valid. A renewal called before the lock
+// was held, or a lock released before the expiry, says nothing.
+func TestRevivalAfterRowLockFlagged(t *testing.T) {
+	build := func(out string, until int64) *hist {
+		h := &hist{}
+		h.acquire("A", 10, 20, "a1", OutOK, 1)
+		h.write("A", 25, 28, OpRenew, "a1", 1, "", OutOK) // before the lock
+		h.recs = append(h.recs, Record{Kind: KindEvent, Proc: "nemesis", Event: FaultRowLock, Time: 30, EndTime: 90,
+			Resource: "r", Owner: "a1", Gen: 1, Until: until})
+		h.write("A", 40, 95, OpRenew, "a1", 1, "", out)
+		h.write("B", 45, 96, OpPublish, "a1", 1, "p-a1", out)
+		return h
+	}
+	r := build(OutOK, 60).check(t)
+	wantViolated(t, r, InvNoRevival)
+	if n := len(r.Violations); n != 2 {
+		t.Errorf("%d violations, want the renewal and the publication", n)
+	}
+	for _, c := range []struct {
+		out   string
+		until int64
+	}{{OutRefused, 60}, {OutOK, 100}} {
+		r := build(c.out, c.until).check(t)
+		for _, v := range r.Violations {
+			if v.Invariant == InvNoRevival {
+				t.Errorf("out %s, expiry %d: flagged %s", c.out, c.until, v.Message)
+			}
+		}
+	}
+}

@@ -73,7 +73,11 @@ type Record struct {
 	Pid      int    `json:"pid,omitempty"`
 	EndTime  int64  `json:"end,omitempty"` // when the event ended (pause, restart)
 	OffsetMs int64  `json:"offset_ms,omitempty"`
-	Detail   string `json:"detail,omitempty"`
+	// Until (rowlock) is when the lease of (Owner, Epoch, Gen) on Resource expires at the
+	// latest, on this clock: the database's remaining time read under the lock, added to the
+	// moment that read returned.
+	Until  int64  `json:"until,omitempty"`
+	Detail string `json:"detail,omitempty"`
 }
 
 // Now is CLOCK_MONOTONIC in nanoseconds: the system-wide monotonic clock, comparable between

@@ -39,6 +39,10 @@ func (r *Report) FaultCounts() map[string]int {
 		switch e.Event {
 		case FaultPause, FaultKill, FaultRestart, FaultClock:
 			n[e.Event]++
+		case FaultRowLock:
+			if e.Owner != "" { // held across a lease's expiry
+				n[e.Event]++
+			}
 		}
 	}
 	for _, op := range r.History.Ops {

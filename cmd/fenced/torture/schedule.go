@@ -15,10 +15,13 @@ const (
 	FaultDropReply = "drop-reply"
 	FaultRestart   = "restart"
 	FaultClock     = "clock"
+	// FaultRowLock holds a leased resource's row lock until after the lease has expired, so
+	// that a renewal or a publication of that lease waits on it across the expiry.
+	FaultRowLock = "rowlock"
 )
 
 // AllFaults is every fault kind, in the order the help lists them.
-var AllFaults = []string{FaultPause, FaultKill, FaultDropReply, FaultRestart, FaultClock}
+var AllFaults = []string{FaultPause, FaultKill, FaultDropReply, FaultRestart, FaultClock, FaultRowLock}
 
 // The workers' part of the schedule.
 const (
@@ -52,6 +55,7 @@ type Fault struct {
 	Slot     int           // the worker slot (pause, kill)
 	For      time.Duration // how long a pause lasts
 	OffsetMs int64         // clock: the database clock's offset from now on
+	Rollback bool          // rowlock: update the row and roll back, rather than only lock it
 }
 
 func (f Fault) String() string {
@@ -62,6 +66,12 @@ func (f Fault) String() string {
 		return fmt.Sprintf("%6.2fs kill -9 worker slot %d during an operation", f.At.Seconds(), f.Slot)
 	case FaultClock:
 		return fmt.Sprintf("%6.2fs database clock offset → %+dms", f.At.Seconds(), f.OffsetMs)
+	case FaultRowLock:
+		how := "lock"
+		if f.Rollback {
+			how = "update (rolled back)"
+		}
+		return fmt.Sprintf("%6.2fs %s the row of resource slot %d across its lease's expiry", f.At.Seconds(), how, f.Slot)
 	}
 	return fmt.Sprintf("%6.2fs %s", f.At.Seconds(), f.Kind)
 }
@@ -73,7 +83,7 @@ func (f Fault) String() string {
 func Plan(seed uint64, duration time.Duration, workers int, faults []string) []Fault {
 	rng := rand.New(rand.NewPCG(seed, 0x6e656d65736973))
 	var kinds []string
-	weights := map[string]int{FaultPause: 4, FaultKill: 3, FaultClock: 2, FaultRestart: 1}
+	weights := map[string]int{FaultPause: 4, FaultKill: 3, FaultClock: 2, FaultRestart: 1, FaultRowLock: 2}
 	for _, f := range faults {
 		for range weights[f] {
 			kinds = append(kinds, f)
@@ -110,6 +120,10 @@ func Plan(seed uint64, duration time.Duration, workers int, faults []string) []F
 				offset = 0
 			}
 			f.OffsetMs = offset
+		case FaultRowLock:
+			// Up to 2s waiting for a live lease, then held past its expiry (at most TTLMax).
+			f.Rollback = rng.Float64() < 0.5
+			busy = 2*time.Second + TTLMax
 		case FaultRestart:
 			if at-lastRestart < 8*time.Second { // restarts are heavy: at most one per 8s
 				at += time.Second

@@ -7,7 +7,7 @@ import (
 )
 
 func TestPlanFollowsTheSeed(t *testing.T) {
-	faults := []string{FaultPause, FaultKill, FaultDropReply, FaultClock}
+	faults := []string{FaultPause, FaultKill, FaultDropReply, FaultClock, FaultRowLock}
 	a := Plan(3, time.Minute, 4, faults)
 	if !reflect.DeepEqual(a, Plan(3, time.Minute, 4, faults)) {
 		t.Fatal("the same seed gave two plans")
@@ -27,7 +27,7 @@ func TestPlanFollowsTheSeed(t *testing.T) {
 				t.Errorf("%s: the clock must jump away and back in turn", f)
 			}
 			offset = f.OffsetMs
-		case FaultKill:
+		case FaultKill, FaultRowLock:
 		default:
 			t.Errorf("%s: not asked for", f)
 		}
