@@ -136,7 +136,10 @@ WHERE resource = @resource AND lease_until IS NOT NULL`, quoteName(admin.Schema(
 			u.Host, u.RawQuery = proxy.Addr(), q.Encode()
 			return open(t, u.String()), proxy.LoseNextReply
 		},
-		Unreachable: func(t *testing.T) driver.Driver { return openUnreachable(t) },
+		Unreachable:    func(t *testing.T) driver.Driver { return openUnreachable(t) },
+		LoseEverything: func(ctx context.Context) error { return dropStore(ctx, admin) },
+		SetEpoch:       setEpochWith(admin),
+		HoldRowLock:    holdRowLockWith(admin),
 	}
 }
 
