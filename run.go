@@ -23,6 +23,12 @@ type RunOptions struct {
 	// RenewEvery is the renewal interval. Default TTL/3. It must be shorter than the trust
 	// window, or the lease would be lost between renewals.
 	RenewEvery time.Duration
+
+	// Fence lists destinations that check the token themselves. Right after acquiring, Run
+	// installs the lease's token at each (Lease.Fence) before build starts, so they refuse the
+	// previous holder's delayed writes from then on; if one cannot be fenced, build never runs
+	// and the error matches ErrNotFenced. Default none.
+	Fence []Fencer
 }
 
 // Result describes a publication that Run made.
@@ -73,6 +79,10 @@ func Run(ctx context.Context, s *Store, resource string, opts *RunOptions, build
 			s.release(ctx, lease)
 			return Result{}, invalid("renew interval", "%s is not shorter than the trust window %s", o.RenewEvery, o.TTL-margin)
 		}
+	}
+	if err := lease.Fence(ctx, o.Fence...); err != nil {
+		s.release(ctx, lease)
+		return Result{}, fmt.Errorf("run %q: %w", resource, err)
 	}
 
 	buildCtx, cancel := context.WithCancelCause(ctx)

@@ -1,0 +1,31 @@
+package destination
+
+import (
+	"errors"
+	"fmt"
+
+	"github.com/fenced-dev/fenced"
+)
+
+// ErrStale matches every *StaleError: the destination holds a newer token than the one
+// presented, so the write or the fence was refused and nothing changed.
+var ErrStale = errors.New("stale fencing token")
+
+// ErrUnknownResource means the destination does not know the resource (a gate without a mark
+// for it): nothing was changed. It is a configuration error, not a fence.
+var ErrUnknownResource = errors.New("unknown resource")
+
+// StaleError is a refusal by the destination: Current is newer than Token. Current was read
+// after the refusal and is advisory (zero if it could not be read). A StaleError is a value:
+// safe to share once returned.
+type StaleError struct {
+	Resource string
+	Token    fenced.Token // the token presented
+	Current  fenced.Token // the destination's token when it refused
+}
+
+func (e *StaleError) Error() string {
+	return fmt.Sprintf("%q: token %s is older than the destination's %s", e.Resource, e.Token, e.Current)
+}
+
+func (e *StaleError) Is(target error) bool { return target == ErrStale }

@@ -1,0 +1,59 @@
+package fenced
+
+import (
+	"context"
+	"errors"
+	"fmt"
+)
+
+// Fencer is a destination that checks fencing tokens itself: a service's high-water-mark gate,
+// a blob fenced by its store's own lease or conditional writes. Fence installs token as the
+// resource's current token at the destination, so that from then on the destination refuses
+// writes carrying an older token, whether or not the new holder has written anything yet. It
+// returns an error matching destination.ErrStale when the destination already holds a newer
+// token, and is idempotent for the token it already holds. Package destination has the
+// implementations and their conformance suite.
+type Fencer interface {
+	Fence(ctx context.Context, resource string, token Token) error
+}
+
+// Fence installs the lease's token at each destination, in order, right after acquisition and
+// before the work starts. This closes the gap a high-water mark leaves on its own: a new holder
+// that has not written yet would otherwise leave its destinations accepting the previous
+// holder's delayed writes. It stops at the first destination that cannot be fenced and returns
+// its error; destinations fenced before it keep the new token, which is harmless since it is
+// this lease's. Fence does not check the lease's trust window: a fence is only ever raised.
+func (l *Lease) Fence(ctx context.Context, dests ...Fencer) error {
+	for i, d := range dests {
+		if d == nil {
+			return invalid("destination", "destination %d is nil", i)
+		}
+		if err := d.Fence(ctx, l.ref.Resource, l.Token()); err != nil {
+			return &FenceError{Resource: l.ref.Resource, Token: l.Token(), Index: i, Err: err}
+		}
+	}
+	return nil
+}
+
+// ErrNotFenced matches every *FenceError.
+var ErrNotFenced = errors.New("destination not fenced")
+
+// FenceError says which destination could not be fenced with the lease's token. The work
+// under the lease must not start. It matches ErrNotFenced and unwraps to the destination's
+// error. A FenceError is a value: safe to share once returned.
+type FenceError struct {
+	Resource string
+	Token    Token
+	Index    int // position of the destination in the list given to Fence
+	Err      error
+}
+
+func (e *FenceError) Error() string {
+	return fmt.Sprintf("fence %q with token %s at destination %d: %v", e.Resource, e.Token, e.Index, e.Err)
+}
+
+func (e *FenceError) Unwrap() []error { return []error{ErrNotFenced, e.Err} }
+
+// ValidateResource checks a resource name given from outside (an HTTP header, a command line)
+// by the rules every Store applies. It returns *InvalidError.
+func ValidateResource(r string) error { return validResource(r) }
