@@ -1,0 +1,12 @@
+package gate
+
+// Unconditional replaces the check with the statement a naive gate would run: raise the mark
+// without comparing it. The mutation test shows the suite's schedules catch it.
+func Unconditional(g *Gate) {
+	switch g.d {
+	case MySQL:
+		g.q.check = `UPDATE ` + DefaultTable + ` SET epoch = ?, generation = ?, checks = checks + 1 WHERE resource = ? AND ? = ? AND ? = ?`
+	default:
+		g.q.check = `UPDATE ` + DefaultTable + ` SET epoch = $2, generation = $3, checks = checks + 1 WHERE resource = $1`
+	}
+}

@@ -1,0 +1,213 @@
+// Package gate is a high-water-mark gate for a service that receives writes from fenced
+// holders. The service keeps, in its own database, the highest token it has accepted for each
+// resource, and checks and raises it with one conditional statement inside the transaction of
+// each write (Check), so that the check and the write commit together or not at all: a write
+// carrying a token older than the mark is refused and its transaction rolled back.
+//
+// A Gate is also a fenced.Fencer: a holder that names it in fenced.RunOptions.Fence (or calls
+// Lease.Fence) raises the mark right after acquiring, so the previous holder's delayed writes
+// are refused before the new holder has written anything. Without that, the gate has the gap
+// every high-water mark has: it learns of a new holder only from its first write.
+//
+// What it protects: the writes that go through Check in the same transaction, for the
+// resources that have a mark (Add). Nothing else in the service's database.
+//
+// PostgreSQL, SQLite and MySQL/MariaDB are supported through database/sql; the caller opens
+// the *sql.DB with the driver of its choice (pgx's stdlib, modernc.org/sqlite,
+// go-sql-driver/mysql). Tokens compare (epoch, generation) in that order.
+package gate
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"regexp"
+
+	"github.com/fenced-dev/fenced"
+	"github.com/fenced-dev/fenced/destination"
+)
+
+// Dialect selects the SQL spoken by the service's database.
+type Dialect int
+
+const (
+	Postgres Dialect = iota + 1
+	SQLite
+	MySQL // also MariaDB
+)
+
+func (d Dialect) String() string {
+	switch d {
+	case Postgres:
+		return "postgres"
+	case SQLite:
+		return "sqlite"
+	case MySQL:
+		return "mysql"
+	}
+	return fmt.Sprintf("dialect(%d)", int(d))
+}
+
+// DefaultTable is Config.Table when it is empty.
+const DefaultTable = "fenced_gate"
+
+// Config tunes a Gate. A nil *Config means the defaults.
+type Config struct {
+	// Table holds the marks, one row per resource. Default DefaultTable. A plain identifier:
+	// letters, digits and underscores.
+	Table string
+}
+
+var identifier = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]{0,62}$`)
+
+// Gate checks tokens against the marks in one table of the service's database. A Gate is safe
+// for concurrent use by multiple goroutines.
+type Gate struct {
+	db *sql.DB
+	d  Dialect
+	q  queries
+}
+
+type queries struct {
+	create, add, check, mark string
+	// checkArgs orders the statement's arguments: "?" in MySQL is positional.
+	checkArgs func(resource string, t fenced.Token) []any
+}
+
+// New returns a gate on db. It does not touch the database; call Migrate once.
+func New(db *sql.DB, d Dialect, cfg *Config) (*Gate, error) {
+	var c Config
+	if cfg != nil {
+		c = *cfg
+	}
+	if c.Table == "" {
+		c.Table = DefaultTable
+	}
+	if !identifier.MatchString(c.Table) {
+		return nil, fmt.Errorf("gate: invalid table name %q: want letters, digits and underscores", c.Table)
+	}
+	if db == nil {
+		return nil, errors.New("gate: nil *sql.DB")
+	}
+	q, err := statements(d, c.Table)
+	if err != nil {
+		return nil, err
+	}
+	return &Gate{db: db, d: d, q: q}, nil
+}
+
+// Migrate creates the marks table if it does not exist.
+func (g *Gate) Migrate(ctx context.Context) error {
+	if _, err := g.db.ExecContext(ctx, g.q.create); err != nil {
+		return fmt.Errorf("gate: create table: %w", err)
+	}
+	return nil
+}
+
+// Add gives resource a mark of 0.0 if it has none; an existing mark is kept. Only resources
+// with a mark are accepted by Check and Fence: a write naming another resource is refused
+// with destination.ErrUnknownResource, so that a typo cannot create an unprotected resource.
+func (g *Gate) Add(ctx context.Context, resource string) error {
+	if err := fenced.ValidateResource(resource); err != nil {
+		return fmt.Errorf("gate: %w", err)
+	}
+	if _, err := g.db.ExecContext(ctx, g.q.add, resource); err != nil {
+		return fmt.Errorf("gate: add %q: %w", resource, err)
+	}
+	return nil
+}
+
+// Mark returns the resource's current mark, or an error matching destination.ErrUnknownResource.
+func (g *Gate) Mark(ctx context.Context, resource string) (fenced.Token, error) {
+	t, found, err := g.read(ctx, g.db, resource)
+	switch {
+	case err != nil:
+		return fenced.Token{}, fmt.Errorf("gate: read the mark of %q: %w", resource, err)
+	case !found:
+		return fenced.Token{}, fmt.Errorf("gate: %q: %w", resource, destination.ErrUnknownResource)
+	}
+	return t, nil
+}
+
+// execer is what *sql.DB, *sql.Tx and *sql.Conn share.
+type execer interface {
+	ExecContext(ctx context.Context, query string, args ...any) (sql.Result, error)
+	QueryRowContext(ctx context.Context, query string, args ...any) *sql.Row
+}
+
+// Check accepts token for resource inside the service's transaction tx, raising the mark to
+// token if it is newer; the caller then makes its write in tx and commits. The check and the
+// raise are one conditional statement, and in PostgreSQL and MySQL the row stays locked until
+// tx ends, so concurrent writes to one resource are checked one after the other. A token older
+// than the mark is refused with *destination.StaleError (ErrStale), an unmarked resource with
+// ErrUnknownResource; either way nothing was changed and the caller must roll tx back. A token
+// equal to the mark is accepted: a holder writes many times under one token.
+func (g *Gate) Check(ctx context.Context, tx *sql.Tx, resource string, token fenced.Token) error {
+	return g.check(ctx, tx, resource, token)
+}
+
+func (g *Gate) check(ctx context.Context, ex execer, resource string, token fenced.Token) error {
+	if token.Epoch < 0 || token.Generation < 0 {
+		return fmt.Errorf("gate: %q: token %s is negative: %w", resource, token, destination.ErrMalformed)
+	}
+	res, err := ex.ExecContext(ctx, g.q.check, g.q.checkArgs(resource, token)...)
+	if err != nil {
+		return fmt.Errorf("gate: check %q: %w", resource, err)
+	}
+	n, err := res.RowsAffected()
+	if err != nil {
+		return fmt.Errorf("gate: check %q: %w", resource, err)
+	}
+	if n == 1 {
+		return nil
+	}
+	// Refused. The row is read afterwards only to say why; the statement alone decided.
+	cur, found, err := g.read(ctx, ex, resource)
+	switch {
+	case err != nil:
+		return &destination.StaleError{Resource: resource, Token: token} // certainly refused
+	case !found:
+		return fmt.Errorf("gate: %q: %w", resource, destination.ErrUnknownResource)
+	}
+	return &destination.StaleError{Resource: resource, Token: token, Current: cur}
+}
+
+func (g *Gate) read(ctx context.Context, ex execer, resource string) (fenced.Token, bool, error) {
+	var t fenced.Token
+	err := ex.QueryRowContext(ctx, g.q.mark, resource).Scan(&t.Epoch, &t.Generation)
+	if errors.Is(err, sql.ErrNoRows) {
+		return t, false, nil
+	}
+	return t, err == nil, err
+}
+
+// Fence raises resource's mark to token in a statement of its own, so that writes with older
+// tokens are refused from now on. It implements fenced.Fencer.
+func (g *Gate) Fence(ctx context.Context, resource string, token fenced.Token) error {
+	return g.check(ctx, g.db, resource, token)
+}
+
+// Do runs fn in a transaction that first checks token for resource, and commits both
+// together. An error from Check or fn rolls everything back and is returned.
+func (g *Gate) Do(ctx context.Context, resource string, token fenced.Token, fn func(*sql.Tx) error) (err error) {
+	tx, err := g.db.BeginTx(ctx, nil)
+	if err != nil {
+		return fmt.Errorf("gate: begin: %w", err)
+	}
+	defer func() {
+		if err != nil {
+			_ = tx.Rollback()
+		}
+	}()
+	if err := g.Check(ctx, tx, resource, token); err != nil {
+		return err
+	}
+	if err := fn(tx); err != nil {
+		return err
+	}
+	if err := tx.Commit(); err != nil {
+		return fmt.Errorf("gate: commit: %w", err)
+	}
+	return nil
+}

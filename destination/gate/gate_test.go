@@ -1,0 +1,167 @@
+package gate_test
+
+import (
+	"context"
+	"crypto/rand"
+	"database/sql"
+	"errors"
+	"net/url"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/fenced-dev/fenced/destination"
+	"github.com/fenced-dev/fenced/destination/gate"
+	"github.com/fenced-dev/fenced/destination/gate/gatetest"
+	"github.com/fenced-dev/fenced/driver/drivertest"
+	_ "github.com/jackc/pgx/v5/stdlib"
+	_ "modernc.org/sqlite"
+)
+
+func openSQLite(t *testing.T) *sql.DB {
+	path := filepath.Join(t.TempDir(), "service.db")
+	db, err := sql.Open("sqlite", "file:"+path+"?_pragma=busy_timeout(10000)&_pragma=journal_mode(WAL)")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = db.Close() })
+	return db
+}
+
+const defaultPostgres = "postgres://postgres@127.0.0.1:5432/postgres?sslmode=disable"
+
+func pgPing(u string) error {
+	db, err := sql.Open("pgx", u)
+	if err != nil {
+		return err
+	}
+	defer db.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
+	defer cancel()
+	return db.PingContext(ctx)
+}
+
+// openPostgres returns a database whose connections use a fresh schema, dropped at the end.
+func openPostgres(t *testing.T) *sql.DB {
+	base := drivertest.ServerURL(t, "FENCED_TEST_POSTGRES", defaultPostgres, pgPing)
+	admin, err := sql.Open("pgx", base)
+	if err != nil {
+		t.Fatal(err)
+	}
+	schema := "gate_" + strings.ToLower(rand.Text()[:16])
+	if _, err := admin.Exec("CREATE SCHEMA " + schema); err != nil {
+		t.Fatal(err)
+	}
+	u, err := url.Parse(base)
+	if err != nil {
+		t.Fatal(err)
+	}
+	q := u.Query()
+	q.Set("search_path", schema)
+	u.RawQuery = q.Encode()
+	db, err := sql.Open("pgx", u.String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		_ = db.Close()
+		if _, err := admin.Exec("DROP SCHEMA " + schema + " CASCADE"); err != nil {
+			t.Errorf("drop schema %s: %v", schema, err)
+		}
+		_ = admin.Close()
+	})
+	return db
+}
+
+func TestSQLite(t *testing.T) {
+	t.Parallel()
+	gatetest.Run(t, gatetest.Engine{Dialect: gate.SQLite, Open: openSQLite})
+}
+
+func TestPostgres(t *testing.T) {
+	t.Parallel()
+	gatetest.Run(t, gatetest.Engine{Dialect: gate.Postgres, Open: openPostgres})
+}
+
+func TestNewRefusesBadConfig(t *testing.T) {
+	db := openSQLite(t)
+	for _, table := range []string{"x; DROP TABLE y", "1abc", "a b", "ü"} {
+		if _, err := gate.New(db, gate.SQLite, &gate.Config{Table: table}); err == nil {
+			t.Errorf("table %q accepted", table)
+		}
+	}
+	if _, err := gate.New(db, gate.Dialect(9), nil); err == nil {
+		t.Error("unknown dialect accepted")
+	}
+	if _, err := gate.New(nil, gate.SQLite, nil); err == nil {
+		t.Error("nil db accepted")
+	}
+}
+
+// TestMutationUnconditional: a gate that raises the mark without comparing accepts the
+// delayed write that the suite's takeover schedule expects refused, so the suite can fail.
+func TestMutationUnconditional(t *testing.T) {
+	for _, e := range []gatetest.Engine{{Dialect: gate.SQLite, Open: openSQLite}, {Dialect: gate.Postgres, Open: openPostgres}} {
+		t.Run(e.Dialect.String(), func(t *testing.T) {
+			ctx := context.Background()
+			s := gatetest.NewService(t, e)
+			if err := s.Gate.Add(ctx, "r"); err != nil {
+				t.Fatal(err)
+			}
+			a, b := gatetest.Tok(1, 5), gatetest.Tok(1, 6)
+			if err := s.Gate.Fence(ctx, "r", b); err != nil {
+				t.Fatal(err)
+			}
+			if err := s.Write(ctx, "r", a, []byte("late")); err == nil {
+				t.Fatal("the real gate accepted a stale write")
+			}
+			gate.Unconditional(s.Gate)
+			if err := s.Write(ctx, "r", a, []byte("late")); err != nil {
+				t.Fatalf("the mutated gate refused the stale write (%v): the mutation is not what it claims", err)
+			}
+		})
+	}
+}
+
+// TestPostgresCheckWaitsForTheRaise: a check that waits on the row lock of an uncommitted raise
+// is decided on the committed mark. tx1 raises to b and holds; tx2 checks a < b and waits (seen
+// in pg_stat_activity); tx1 commits; tx2 is refused.
+func TestPostgresCheckWaitsForTheRaise(t *testing.T) {
+	ctx := context.Background()
+	s := gatetest.NewService(t, gatetest.Engine{Dialect: gate.Postgres, Open: openPostgres})
+	if err := s.Gate.Add(ctx, "r ü"); err != nil {
+		t.Fatal(err)
+	}
+	a, b := gatetest.Tok(1, 5), gatetest.Tok(1, 6)
+	tx1, err := s.DB.BeginTx(ctx, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx1.Rollback()
+	if err := s.Gate.Check(ctx, tx1, "r ü", b); err != nil {
+		t.Fatal(err)
+	}
+	tx2, err := s.DB.BeginTx(ctx, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx2.Rollback()
+	var pid int
+	if err := tx2.QueryRowContext(ctx, "SELECT pg_backend_pid()").Scan(&pid); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- s.Gate.Check(ctx, tx2, "r ü", a) }()
+	gatetest.WaitFor(t, "tx2 to wait on the row lock", func() bool {
+		var waiting bool
+		err := s.DB.QueryRowContext(ctx, "SELECT wait_event_type = 'Lock' FROM pg_stat_activity WHERE pid = $1", pid).Scan(&waiting)
+		return err == nil && waiting
+	})
+	if err := tx1.Commit(); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-done; !errors.Is(err, destination.ErrStale) {
+		t.Fatalf("tx2's check after tx1 committed: %v, want stale", err)
+	}
+}

@@ -1,0 +1,358 @@
+// Package gatetest runs the destination suite and the gate's own tests against one database
+// engine. The gate's tests for each engine call Run; the MySQL ones live in backend/mysql's
+// module, which has the driver.
+package gatetest
+
+import (
+	"context"
+	"database/sql"
+	"encoding/json"
+	"errors"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/fenced-dev/fenced"
+	"github.com/fenced-dev/fenced/destination"
+	"github.com/fenced-dev/fenced/destination/destinationtest"
+	"github.com/fenced-dev/fenced/destination/gate"
+)
+
+// Engine opens an empty database of its own for each call, closed when t ends.
+type Engine struct {
+	Dialect gate.Dialect
+	Open    func(t *testing.T) *sql.DB
+	// Config, if set, is given to gate.New (a test of a mutated statement sets it).
+	Config *gate.Config
+}
+
+func upsert(d gate.Dialect) string {
+	if d == gate.MySQL {
+		return `INSERT INTO gate_data (resource, data) VALUES (?, ?) ON DUPLICATE KEY UPDATE data = VALUES(data)`
+	}
+	if d == gate.Postgres {
+		return `INSERT INTO gate_data (resource, data) VALUES ($1, $2) ON CONFLICT (resource) DO UPDATE SET data = excluded.data`
+	}
+	return `INSERT INTO gate_data (resource, data) VALUES (?1, ?2) ON CONFLICT (resource) DO UPDATE SET data = excluded.data`
+}
+
+func selectData(d gate.Dialect) string {
+	if d == gate.Postgres {
+		return `SELECT data FROM gate_data WHERE resource = $1`
+	}
+	return `SELECT data FROM gate_data WHERE resource = ?`
+}
+
+// Service is a minimal participating service: a gate and one data table written under it.
+type Service struct {
+	Gate *gate.Gate
+	DB   *sql.DB
+	d    gate.Dialect
+}
+
+// NewService opens a database of e, migrates the gate and creates the data table.
+func NewService(t *testing.T, e Engine) *Service {
+	t.Helper()
+	db := e.Open(t)
+	g, err := gate.New(db, e.Dialect, e.Config)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	if err := g.Migrate(ctx); err != nil {
+		t.Fatal(err)
+	}
+	blob := map[gate.Dialect]string{gate.Postgres: "bytea", gate.SQLite: "BLOB", gate.MySQL: "LONGBLOB"}[e.Dialect]
+	key := map[gate.Dialect]string{gate.Postgres: "text", gate.SQLite: "TEXT", gate.MySQL: "VARBINARY(255)"}[e.Dialect]
+	if _, err := db.ExecContext(ctx, `CREATE TABLE gate_data (resource `+key+` PRIMARY KEY, data `+blob+` NOT NULL)`); err != nil {
+		t.Fatal(err)
+	}
+	return &Service{Gate: g, DB: db, d: e.Dialect}
+}
+
+// WriteTx writes data for resource in tx, after the caller's Check.
+func (s *Service) WriteTx(ctx context.Context, tx *sql.Tx, resource string, data []byte) error {
+	_, err := tx.ExecContext(ctx, upsert(s.d), resource, data)
+	return err
+}
+
+// Write checks token and writes data in one transaction.
+func (s *Service) Write(ctx context.Context, resource string, token fenced.Token, data []byte) error {
+	return s.Gate.Do(ctx, resource, token, func(tx *sql.Tx) error { return s.WriteTx(ctx, tx, resource, data) })
+}
+
+// Read returns resource's data, nil if none.
+func (s *Service) Read(ctx context.Context, resource string) ([]byte, error) {
+	var b []byte
+	err := s.DB.QueryRowContext(ctx, selectData(s.d), resource).Scan(&b)
+	if errors.Is(err, sql.ErrNoRows) {
+		return nil, nil
+	}
+	return b, err
+}
+
+// Harness adapts a service to the destination suite.
+func (s *Service) Harness() destinationtest.Harness {
+	return destinationtest.Harness{Fencer: s.Gate, Provision: s.Gate.Add, Write: s.Write, Read: s.Read}
+}
+
+// Run runs the destination suite and the gate's tests on e.
+func Run(t *testing.T, e Engine) {
+	t.Run("Suite", func(t *testing.T) {
+		destinationtest.Run(t, func(t *testing.T) destinationtest.Harness { return NewService(t, e).Harness() })
+	})
+	t.Run("BadInputLeavesTheMark", func(t *testing.T) { testBadInput(t, e) })
+	t.Run("RollbackUndoesTheRaise", func(t *testing.T) { testRollback(t, e) })
+	t.Run("HTTP", func(t *testing.T) { testHTTP(t, e) })
+	t.Run("ConcurrentWritersOneResource", func(t *testing.T) { testConcurrent(t, e) })
+}
+
+var res = "rapport nº 7; ü"
+
+// Tok is a token of the suite's epoch plus e, generation g.
+func Tok(e, g int64) fenced.Token { return tok(e, g) }
+
+func tok(e, g int64) fenced.Token {
+	return fenced.Token{Epoch: destinationtest.Epoch + e, Generation: g}
+}
+
+func mark(t *testing.T, s *Service, r string) fenced.Token {
+	t.Helper()
+	m, err := s.Gate.Mark(context.Background(), r)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return m
+}
+
+func testBadInput(t *testing.T, e Engine) {
+	ctx := context.Background()
+	s := NewService(t, e)
+	if err := s.Gate.Add(ctx, res); err != nil {
+		t.Fatal(err)
+	}
+	cur := tok(1, 7)
+	if err := s.Write(ctx, res, cur, []byte("kept")); err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []struct {
+		name     string
+		resource string
+		token    fenced.Token
+		want     error
+	}{
+		{"negative epoch", res, fenced.Token{Epoch: -1, Generation: 9}, destination.ErrMalformed},
+		{"negative generation", res, fenced.Token{Epoch: destinationtest.Epoch + 9, Generation: -1}, destination.ErrMalformed},
+		{"older epoch, larger generation", res, tok(0, 99), destination.ErrStale},
+		{"older generation", res, tok(1, 6), destination.ErrStale},
+		{"unknown resource", "no such resource", tok(9, 9), destination.ErrUnknownResource},
+	} {
+		err := s.Write(ctx, c.resource, c.token, []byte("written"))
+		if !errors.Is(err, c.want) {
+			t.Errorf("%s: got %v, want %v", c.name, err, c.want)
+		}
+		if err := s.Gate.Fence(ctx, c.resource, c.token); !errors.Is(err, c.want) {
+			t.Errorf("%s: fence: got %v, want %v", c.name, err, c.want)
+		}
+		if m := mark(t, s, res); m != cur {
+			t.Errorf("%s: the mark moved to %s", c.name, m)
+		}
+	}
+	if _, err := s.Gate.Mark(ctx, "no such resource"); !errors.Is(err, destination.ErrUnknownResource) {
+		t.Errorf("the unknown resource got a mark: %v", err)
+	}
+	if b, _ := s.Read(ctx, res); string(b) != "kept" {
+		t.Errorf("data = %q", b)
+	}
+	if err := s.Gate.Add(ctx, ""); !errors.Is(err, fenced.ErrInvalid) {
+		t.Errorf("empty resource name: %v", err)
+	}
+	if err := s.Gate.Add(ctx, res); err != nil || mark(t, s, res) != cur {
+		t.Errorf("a second Add changed the mark or failed: %v", err)
+	}
+}
+
+// The raise commits with the service's write or not at all.
+func testRollback(t *testing.T, e Engine) {
+	ctx := context.Background()
+	s := NewService(t, e)
+	if err := s.Gate.Add(ctx, res); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Gate.Fence(ctx, res, tok(1, 1)); err != nil {
+		t.Fatal(err)
+	}
+	boom := errors.New("the service's write failed")
+	err := s.Gate.Do(ctx, res, tok(1, 2), func(tx *sql.Tx) error {
+		if err := s.WriteTx(ctx, tx, res, []byte("lost")); err != nil {
+			return err
+		}
+		return boom
+	})
+	if !errors.Is(err, boom) {
+		t.Fatalf("Do: %v", err)
+	}
+	if m := mark(t, s, res); m != tok(1, 1) {
+		t.Fatalf("the mark is %s after the rollback, want %s", m, tok(1, 1))
+	}
+	if b, _ := s.Read(ctx, res); b != nil {
+		t.Fatalf("data %q survived the rollback", b)
+	}
+}
+
+// Writers of one resource run at once, released by a barrier; each accepted write's token is
+// at least every token accepted before it committed, so the data is the newest accepted one's.
+func testConcurrent(t *testing.T, e Engine) {
+	ctx := context.Background()
+	s := NewService(t, e)
+	if err := s.Gate.Add(ctx, res); err != nil {
+		t.Fatal(err)
+	}
+	const n = 6
+	start := make(chan struct{})
+	var wg sync.WaitGroup
+	accepted := make([]bool, n)
+	for i := range n {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			<-start
+			for attempt := 0; ; attempt++ { // SQLite may answer busy; a real service retries too
+				err := s.Write(ctx, res, tok(1, int64(i+1)), []byte{byte(i)})
+				if err != nil && !errors.Is(err, destination.ErrStale) && attempt < 50 {
+					continue
+				}
+				if err != nil && !errors.Is(err, destination.ErrStale) {
+					t.Errorf("writer %d: %v", i, err)
+				}
+				accepted[i] = err == nil
+				return
+			}
+		}()
+	}
+	close(start)
+	wg.Wait()
+	last := -1
+	for i, ok := range accepted {
+		if ok {
+			last = i
+		}
+	}
+	if !accepted[n-1] {
+		t.Fatalf("the newest writer was refused: %v", accepted)
+	}
+	if b, _ := s.Read(ctx, res); len(b) != 1 || int(b[0]) != last {
+		t.Fatalf("data %v, want the newest accepted writer %d", b, last)
+	}
+	if m := mark(t, s, res); m != tok(1, n) {
+		t.Fatalf("mark %s", m)
+	}
+}
+
+func testHTTP(t *testing.T, e Engine) {
+	ctx := context.Background()
+	s := NewService(t, e)
+	if err := s.Gate.Add(ctx, res); err != nil {
+		t.Fatal(err)
+	}
+	srv := httptest.NewServer(s.Gate.Handler(func(w http.ResponseWriter, r *http.Request, tx *sql.Tx) error {
+		resource, _, _ := gate.TokenFrom(r.Context())
+		body, err := io.ReadAll(r.Body)
+		if err != nil {
+			return err
+		}
+		if string(body) == "fail" {
+			w.WriteHeader(http.StatusTeapot)
+			return errors.New("refused by the service")
+		}
+		if err := s.WriteTx(r.Context(), tx, resource, body); err != nil {
+			return err
+		}
+		w.WriteHeader(http.StatusCreated)
+		return nil
+	}))
+	defer srv.Close()
+	send := func(header []string, body string) (int, gate.Problem) {
+		t.Helper()
+		req, _ := http.NewRequest("PUT", srv.URL, strings.NewReader(body))
+		for _, h := range header {
+			req.Header.Add(destination.Header, h)
+		}
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		var p gate.Problem
+		if resp.StatusCode >= 400 && resp.StatusCode != http.StatusTeapot {
+			if ct := resp.Header.Get("Content-Type"); ct != "application/problem+json" {
+				t.Errorf("content type %q", ct)
+			}
+			if err := json.NewDecoder(resp.Body).Decode(&p); err != nil {
+				t.Fatal(err)
+			}
+			if p.Status != resp.StatusCode || p.Type == "" || p.Detail == "" {
+				t.Errorf("incomplete problem %+v", p)
+			}
+		}
+		return resp.StatusCode, p
+	}
+	cur := tok(1, 3)
+	h := func(t fenced.Token) string { return destination.FormatHeader(res, t) }
+	escaped, _, _ := strings.Cut(h(cur), ";")
+	if code, _ := send([]string{h(cur)}, "v1\x00"); code != http.StatusCreated {
+		t.Fatalf("accepted write: %d", code)
+	}
+	for _, c := range []struct {
+		name   string
+		header []string
+		code   int
+	}{
+		{"missing", nil, 400},
+		{"malformed", []string{"rapport; 3"}, 400},
+		{"negative", []string{escaped + "; -1.4"}, 400},
+		{"huge", []string{escaped + "; 1.99999999999999999999"}, 400},
+		{"unescaped space", []string{"rapport nº 7; 1.1"}, 400},
+		{"two headers", []string{h(cur), h(cur)}, 400},
+		{"unknown resource", []string{destination.FormatHeader("nobody", tok(5, 5))}, 422},
+		{"older epoch", []string{h(tok(0, 900))}, 409},
+		{"older generation", []string{h(tok(1, 2))}, 409},
+	} {
+		code, p := send(c.header, "bad")
+		if code != c.code {
+			t.Errorf("%s: status %d, want %d", c.name, code, c.code)
+		}
+		if c.code == 409 && (p.Resource != res || p.Current != cur.String() || p.Type != gate.ProblemStale) {
+			t.Errorf("%s: problem %+v does not name the resource and the mark %s", c.name, p, cur)
+		}
+		if m := mark(t, s, res); m != cur {
+			t.Errorf("%s: the mark moved to %s", c.name, m)
+		}
+	}
+	if code, _ := send([]string{h(tok(1, 4))}, "fail"); code != http.StatusTeapot {
+		t.Errorf("a handler's own error status: %d", code)
+	}
+	if m := mark(t, s, res); m != cur {
+		t.Errorf("a failed handler raised the mark to %s", m)
+	}
+	if b, _ := s.Read(ctx, res); string(b) != "v1\x00" {
+		t.Errorf("data %q", b)
+	}
+}
+
+// WaitFor polls cond until it holds: a hook for a schedule that the database, not the test,
+// brings about (a statement waiting on a row lock). It is not a timing assumption: it fails
+// after a minute.
+func WaitFor(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	for deadline := time.Now().Add(time.Minute); time.Now().Before(deadline); time.Sleep(10 * time.Millisecond) {
+		if cond() {
+			return
+		}
+	}
+	t.Fatalf("timed out waiting for %s", what)
+}
