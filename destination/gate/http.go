@@ -144,3 +144,20 @@ func (b *bufferedWriter) flush(w http.ResponseWriter) {
 	w.WriteHeader(b.code)
 	_, _ = w.Write(b.body.Bytes())
 }
+
+// FenceHandler answers a holder's fence on acquisition (destination.Remote): it raises the
+// mark of the Fencing-Token's resource to its token and answers 204, or refuses like Handler
+// (400, 409, 422) leaving the mark unchanged. Mount it on a path of its own, POST only.
+func (g *Gate) FenceHandler() http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		resource, token, err := destination.FromRequest(r)
+		if err == nil {
+			err = g.Fence(r.Context(), resource, token)
+		}
+		if err != nil {
+			WriteProblem(w, resource, token, err)
+			return
+		}
+		w.WriteHeader(http.StatusNoContent)
+	})
+}

@@ -4,10 +4,12 @@
 package gatetest
 
 import (
+	"bytes"
 	"context"
 	"database/sql"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"io"
 	"net/http"
 	"net/http/httptest"
@@ -100,10 +102,62 @@ func (s *Service) Harness() destinationtest.Harness {
 	return destinationtest.Harness{Fencer: s.Gate, Provision: s.Gate.Add, Write: s.Write, Read: s.Read}
 }
 
+type holder struct {
+	resource string
+	token    fenced.Token
+}
+
+func (h holder) Resource() string    { return h.resource }
+func (h holder) Token() fenced.Token { return h.token }
+
+// HTTPHarness serves the service (writes behind Handler at /write, fences behind FenceHandler
+// at /fence) and adapts it to the suite as a remote holder sees it: destination.Remote fences,
+// writes go through destination.Transport.
+func (s *Service) HTTPHarness(t *testing.T) destinationtest.Harness {
+	mux := http.NewServeMux()
+	mux.Handle("POST /fence", s.Gate.FenceHandler())
+	mux.Handle("PUT /write", s.Gate.Handler(func(w http.ResponseWriter, r *http.Request, tx *sql.Tx) error {
+		resource, _, _ := gate.TokenFrom(r.Context())
+		body, err := io.ReadAll(r.Body)
+		if err != nil {
+			return err
+		}
+		return s.WriteTx(r.Context(), tx, resource, body)
+	}))
+	srv := httptest.NewServer(mux)
+	t.Cleanup(srv.Close)
+	return destinationtest.Harness{
+		Fencer:    &destination.Remote{URL: srv.URL + "/fence"},
+		Provision: s.Gate.Add,
+		Write: func(ctx context.Context, resource string, token fenced.Token, data []byte) error {
+			c := &http.Client{Transport: &destination.Transport{Holder: holder{resource, token}}}
+			req, _ := http.NewRequestWithContext(ctx, "PUT", srv.URL+"/write", bytes.NewReader(data))
+			resp, err := c.Do(req)
+			if err != nil {
+				return err
+			}
+			defer resp.Body.Close()
+			var p gate.Problem
+			_ = json.NewDecoder(resp.Body).Decode(&p)
+			switch resp.StatusCode {
+			case http.StatusNoContent:
+				return nil
+			case http.StatusConflict:
+				return &destination.StaleError{Resource: resource, Token: token}
+			}
+			return fmt.Errorf("write: %s %+v", resp.Status, p)
+		},
+		Read: s.Read,
+	}
+}
+
 // Run runs the destination suite and the gate's tests on e.
 func Run(t *testing.T, e Engine) {
 	t.Run("Suite", func(t *testing.T) {
 		destinationtest.Run(t, func(t *testing.T) destinationtest.Harness { return NewService(t, e).Harness() })
+	})
+	t.Run("SuiteOverHTTP", func(t *testing.T) {
+		destinationtest.Run(t, func(t *testing.T) destinationtest.Harness { return NewService(t, e).HTTPHarness(t) })
 	})
 	t.Run("BadInputLeavesTheMark", func(t *testing.T) { testBadInput(t, e) })
 	t.Run("RollbackUndoesTheRaise", func(t *testing.T) { testRollback(t, e) })
