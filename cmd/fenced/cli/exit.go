@@ -6,6 +6,7 @@ import (
 	"strings"
 
 	"github.com/fenced-dev/fenced"
+	"github.com/fenced-dev/fenced/destination"
 )
 
 // Exit codes, the same for every command.
@@ -67,11 +68,12 @@ func exitCode(err error) int {
 		return ExitUsage
 	case errors.Is(err, fenced.ErrBusy):
 		return ExitBusy
-	case errors.Is(err, fenced.ErrNotProvisioned), errors.Is(err, fenced.ErrNothingPublished):
+	case errors.Is(err, fenced.ErrNotProvisioned), errors.Is(err, fenced.ErrNothingPublished),
+		errors.Is(err, destination.ErrUnknownResource):
 		return ExitNotFound
 	case errors.Is(err, fenced.ErrOutcomeUnknown):
 		return ExitUnknown
-	case errors.Is(err, fenced.ErrRefused), errors.Is(err, fenced.ErrLeaseLost):
+	case errors.Is(err, fenced.ErrRefused), errors.Is(err, fenced.ErrLeaseLost), errors.Is(err, destination.ErrStale):
 		return ExitRefused
 	case errors.Is(err, errors.ErrUnsupported):
 		return ExitUsage

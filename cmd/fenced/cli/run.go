@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net/url"
 	"os"
 	"os/exec"
 	"strconv"
@@ -13,6 +14,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/fenced-dev/fenced"
+	"github.com/fenced-dev/fenced/destination"
 )
 
 // commandExit is a wrapped command that exited unsuccessfully: fenced run passes its code on.
@@ -25,12 +27,13 @@ func (e *commandExit) Error() string { return e.desc + "; nothing was published"
 
 func (a *app) runCmd() *cobra.Command {
 	var (
-		ttl   string
-		renew bool
-		grace time.Duration
+		ttl    string
+		renew  bool
+		grace  time.Duration
+		fences []string
 	)
 	cmd := &cobra.Command{
-		Use:   "run RESOURCE --ttl DURATION [--renew] -- COMMAND [ARGS...]",
+		Use:   "run RESOURCE --ttl DURATION [--renew] [--fence URL]... -- COMMAND [ARGS...]",
 		Short: "Run a command under the resource's lease and publish its standard output",
 		Long: `Acquire the resource's lease, run COMMAND with the lease in its environment, and publish
 its standard output under the lease, then release. Standard input and standard error pass
@@ -42,6 +45,14 @@ through. The environment names the lease as acquire prints it:
                      that checks it, or to "fenced renew --owner ... --token ..."
   FENCED_EPOCH       the token's epoch
   FENCED_GENERATION  the token's generation
+  FENCED_TOKEN_HEADER  the value of a Fencing-Token header for a participating service:
+      curl -X PUT -H "Fencing-Token: $FENCED_TOKEN_HEADER" --data-binary @out URL
+
+With --fence URL (repeatable) each such service is fenced right after acquiring and before
+COMMAND starts (POST URL with the header; see destination/gate), so that it refuses the
+previous holder's delayed writes; if one cannot be fenced, COMMAND does not run and the
+exit code is 5 when the service already holds a newer token, 4 when it does not know the
+resource, 1 when it cannot be reached.
 
 The command is trusted only while the lease is: until acquired + TTL - safety margin on this
 machine's monotonic clock, extended by each successful renewal with --renew. When the lease
@@ -65,12 +76,19 @@ killed by signal N, 127 when it could not be started).`,
 			if grace <= 0 {
 				return usagef("invalid --grace %s: it must be positive", grace)
 			}
+			var dests []fenced.Fencer
+			for _, f := range fences {
+				if u, err := url.Parse(f); err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+					return usagef("invalid --fence %q: want an http or https URL", f)
+				}
+				dests = append(dests, &destination.Remote{URL: f})
+			}
 			s, err := a.open(cmd)
 			if err != nil {
 				return err
 			}
 			defer s.Close()
-			res, err := fenced.Run(cmd.Context(), s, args[0], &fenced.RunOptions{TTL: d, Renew: renew},
+			res, err := fenced.Run(cmd.Context(), s, args[0], &fenced.RunOptions{TTL: d, Renew: renew, Fence: dests},
 				func(ctx context.Context, l *fenced.Lease) ([]byte, error) {
 					return a.runCommand(ctx, l, args[1:], grace, s.MaxPayloadBytes())
 				})
@@ -85,6 +103,7 @@ killed by signal N, 127 when it could not be started).`,
 	cmd.Flags().StringVar(&ttl, "ttl", "", "the lease's time to live, e.g. 30s (required)")
 	cmd.Flags().BoolVar(&renew, "renew", false, "renew the lease every TTL/3 while the command runs")
 	cmd.Flags().DurationVar(&grace, "grace", 10*time.Second, "how long after SIGTERM a command that lost its lease gets before SIGKILL")
+	cmd.Flags().StringArrayVar(&fences, "fence", nil, "fence this participating service (its fence URL) before the command starts; repeatable")
 	_ = cmd.MarkFlagRequired("ttl")
 	return cmd
 }
@@ -98,7 +117,8 @@ func (a *app) runCommand(ctx context.Context, l *fenced.Lease, argv []string, gr
 		"FENCED_OWNER="+l.Owner(),
 		"FENCED_TOKEN="+l.Token().String(),
 		"FENCED_EPOCH="+strconv.FormatInt(l.Epoch(), 10),
-		"FENCED_GENERATION="+strconv.FormatInt(l.Generation(), 10))
+		"FENCED_GENERATION="+strconv.FormatInt(l.Generation(), 10),
+		"FENCED_TOKEN_HEADER="+destination.FormatHeader(l.Resource(), l.Token()))
 	c.Stdin, c.Stderr = a.stdin, a.stderr
 	out := &limitedBuffer{limit: limit}
 	c.Stdout = out
