@@ -101,7 +101,9 @@ func TestCASSuite(t *testing.T) {
 	})
 }
 
-func tok(e, g int64) fenced.Token { return fenced.Token{Epoch: destinationtest.Epoch + e, Generation: g} }
+func tok(e, g int64) fenced.Token {
+	return fenced.Token{Epoch: destinationtest.Epoch + e, Generation: g}
+}
 
 const res = "rapport nº 7; ü"
 
