@@ -19,7 +19,7 @@ import (
 	_ "modernc.org/sqlite"
 )
 
-func openSQLite(t *testing.T) *sql.DB {
+func openSQLite(t testing.TB) *sql.DB {
 	path := filepath.Join(t.TempDir(), "service.db")
 	db, err := sql.Open("sqlite", "file:"+path+"?_pragma=busy_timeout(10000)&_pragma=journal_mode(WAL)")
 	if err != nil {
@@ -43,7 +43,7 @@ func pgPing(u string) error {
 }
 
 // openPostgres returns a database whose connections use a fresh schema, dropped at the end.
-func openPostgres(t *testing.T) *sql.DB {
+func openPostgres(t testing.TB) *sql.DB {
 	base := drivertest.ServerURL(t, "FENCED_TEST_POSTGRES", defaultPostgres, pgPing)
 	admin, err := sql.Open("pgx", base)
 	if err != nil {
@@ -164,4 +164,11 @@ func TestPostgresCheckWaitsForTheRaise(t *testing.T) {
 	if err := <-done; !errors.Is(err, destination.ErrStale) {
 		t.Fatalf("tx2's check after tx1 committed: %v, want stale", err)
 	}
+}
+
+// BenchmarkGate: a service's write transaction with the gate's check beside the same
+// transaction without it. Run with: go test -run '^$' -bench Gate -count 6 ./destination/gate/
+func BenchmarkGate(b *testing.B) {
+	b.Run("db=sqlite", func(b *testing.B) { gatetest.Bench(b, gatetest.Engine{Dialect: gate.SQLite, Open: openSQLite}) })
+	b.Run("db=postgres", func(b *testing.B) { gatetest.Bench(b, gatetest.Engine{Dialect: gate.Postgres, Open: openPostgres}) })
 }

@@ -7,6 +7,7 @@ import (
 	"bytes"
 	"context"
 	"database/sql"
+	"encoding/binary"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -27,7 +28,7 @@ import (
 // Engine opens an empty database of its own for each call, closed when t ends.
 type Engine struct {
 	Dialect gate.Dialect
-	Open    func(t *testing.T) *sql.DB
+	Open    func(t testing.TB) *sql.DB
 	// Config, if set, is given to gate.New (a test of a mutated statement sets it).
 	Config *gate.Config
 }
@@ -57,7 +58,7 @@ type Service struct {
 }
 
 // NewService opens a database of e, migrates the gate and creates the data table.
-func NewService(t *testing.T, e Engine) *Service {
+func NewService(t testing.TB, e Engine) *Service {
 	t.Helper()
 	db := e.Open(t)
 	g, err := gate.New(db, e.Dialect, e.Config)
@@ -409,4 +410,77 @@ func WaitFor(t *testing.T, what string, cond func() bool) {
 		}
 	}
 	t.Fatalf("timed out waiting for %s", what)
+}
+
+// Bench measures a service's write transaction (BEGIN, upsert, COMMIT) with the gate's check
+// inside (impl=gate) beside the same transaction without it (impl=raw), on one database in the
+// same run. Compare with benchstat -col /impl.
+func Bench(b *testing.B, e Engine) {
+	ctx := context.Background()
+	s := NewService(b, e)
+	if err := s.Gate.Add(ctx, res); err != nil {
+		b.Fatal(err)
+	}
+	token := tok(1, 2)
+	// Each write changes the data: an upsert of identical bytes is skipped by MySQL and would
+	// make the baseline a transaction that writes nothing.
+	data := []byte(strings.Repeat("report\x00", 8))
+	n := uint64(0)
+	next := func() []byte {
+		n++
+		binary.BigEndian.PutUint64(data, n)
+		return data
+	}
+	raw := func(b *testing.B) {
+		tx, err := s.DB.BeginTx(ctx, nil)
+		if err != nil {
+			b.Fatal(err)
+		}
+		if err := s.WriteTx(ctx, tx, res, next()); err != nil {
+			b.Fatal(err)
+		}
+		if err := tx.Commit(); err != nil {
+			b.Fatal(err)
+		}
+	}
+	gated := func(b *testing.B) {
+		tx, err := s.DB.BeginTx(ctx, nil)
+		if err != nil {
+			b.Fatal(err)
+		}
+		if err := s.Gate.Check(ctx, tx, res, token); err != nil {
+			b.Fatal(err)
+		}
+		if err := s.WriteTx(ctx, tx, res, next()); err != nil {
+			b.Fatal(err)
+		}
+		if err := tx.Commit(); err != nil {
+			b.Fatal(err)
+		}
+	}
+	b.Run("impl=raw", func(b *testing.B) {
+		for b.Loop() {
+			raw(b)
+		}
+	})
+	b.Run("impl=gate", func(b *testing.B) {
+		for b.Loop() {
+			gated(b)
+		}
+	})
+	// Interleaved runs both in alternation, so that the load of a shared machine falls on both
+	// alike, and reports each one's mean and their ratio.
+	b.Run("interleaved", func(b *testing.B) {
+		var tRaw, tGate time.Duration
+		for b.Loop() {
+			t0 := time.Now()
+			raw(b)
+			t1 := time.Now()
+			gated(b)
+			tRaw, tGate = tRaw+t1.Sub(t0), tGate+time.Since(t1)
+		}
+		b.ReportMetric(float64(tRaw.Nanoseconds())/float64(b.N), "raw-ns/tx")
+		b.ReportMetric(float64(tGate.Nanoseconds())/float64(b.N), "gate-ns/tx")
+		b.ReportMetric(float64(tGate)/float64(tRaw), "gate/raw")
+	})
 }
