@@ -15,10 +15,9 @@ import (
 //
 // <resource> is the resource name percent-encoded: every byte of its UTF-8 form other than
 // ASCII letters, digits and "-._~" is written as %XX, so that names with spaces, ";", "%" or
-// non-ASCII letters travel unchanged ("nightly report" is "nightly%20report"). <epoch> and
-// <generation> are non-negative decimal integers that fit in an int64, without sign or leading
-// zeros; epochs may be large (microseconds since 1970 when the backend derives them from its
-// clock). Optional spaces or tabs may follow the ";". One header, one token: a request carrying
+// non-ASCII letters travel unchanged ("nightly report" is "nightly%20report"). The token is
+// written as fenced.ParseToken reads it: positive decimal integers that fit in an int64, without
+// sign or leading zeros; epochs are large (microseconds since 1970, from the backend's clock). Optional spaces or tabs may follow the ";". One header, one token: a request carrying
 // several Fencing-Token values is malformed.
 const Header = "Fencing-Token"
 
@@ -67,42 +66,14 @@ func ParseHeader(v string) (resource string, token fenced.Token, err error) {
 		return bad("the resource: %s", inv.Reason)
 	}
 	tok = strings.TrimLeft(tok, " \t")
-	es, gs, ok := strings.Cut(tok, ".")
-	if !ok {
-		return bad("the token %q is not <epoch>.<generation>", tok)
-	}
-	if token.Epoch, err = parseUint63("epoch", es); err != nil {
-		return bad("%v", err)
-	}
-	if token.Generation, err = parseUint63("generation", gs); err != nil {
+	if token, err = fenced.ParseToken(tok); err != nil {
+		var inv *fenced.InvalidError
+		if errors.As(err, &inv) {
+			return bad("%s", inv.Reason)
+		}
 		return bad("%v", err)
 	}
 	return resource, token, nil
-}
-
-// parseUint63 accepts the canonical decimal form of a value in [0, MaxInt64] and nothing else.
-func parseUint63(what, s string) (int64, error) {
-	switch {
-	case s == "":
-		return 0, fmt.Errorf("the %s is empty", what)
-	case s[0] == '-':
-		return 0, fmt.Errorf("the %s %s is negative", what, s)
-	case len(s) > 1 && s[0] == '0':
-		return 0, fmt.Errorf("the %s %q has a leading zero", what, s)
-	}
-	var n int64
-	for i := 0; i < len(s); i++ {
-		c := s[i]
-		if c < '0' || c > '9' {
-			return 0, fmt.Errorf("the %s %q is not a decimal number", what, s)
-		}
-		d := int64(c - '0')
-		if n > (1<<63-1-d)/10 {
-			return 0, fmt.Errorf("the %s %s does not fit in 63 bits", what, s)
-		}
-		n = n*10 + d
-	}
-	return n, nil
 }
 
 func unreserved(c byte) bool {

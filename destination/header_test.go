@@ -21,7 +21,7 @@ func TestHeaderRoundTrip(t *testing.T) {
 		{"report", fenced.Token{Epoch: 3, Generation: 41}, "report; 3.41"},
 		{"nightly report; v2", fenced.Token{Epoch: 1796132345000000, Generation: 3}, "nightly%20report%3B%20v2; 1796132345000000.3"},
 		{"Ünïcode 報告 100%", fenced.Token{Epoch: 7, Generation: 1}, "%C3%9Cn%C3%AFcode%20%E5%A0%B1%E5%91%8A%20100%25; 7.1"},
-		{"a.b-c_d~e", fenced.Token{Epoch: 0, Generation: 9223372036854775807}, "a.b-c_d~e; 0.9223372036854775807"},
+		{"a.b-c_d~e", fenced.Token{Epoch: 1, Generation: 9223372036854775807}, "a.b-c_d~e; 1.9223372036854775807"},
 	} {
 		got := destination.FormatHeader(c.resource, c.token)
 		if got != c.want {
@@ -44,7 +44,7 @@ func TestHeaderMalformed(t *testing.T) {
 		"report; -1.4", "report; 3.-4", "report; +3.4", "report; 03.4", "report; 3.04",
 		"report; 9223372036854775808.1", "report; 1.9223372036854775808",
 		"report; 99999999999999999999999.1", "report; 3.4.5", "report; 3,4", "report; 3.4 ",
-		"report; 0x3.4", "two words; 3.4", "a;b; 3.4", "%zz; 3.4", "%4; 3.4", "a%; 3.4",
+		"report; 0x3.4", "report; 0.4", "report; 3.0", "two words; 3.4", "a;b; 3.4", "%zz; 3.4", "%4; 3.4", "a%; 3.4",
 		"%00; 3.4", "%FF; 3.4", "%0A; 3.4", strings.Repeat("a", 256) + "; 3.4",
 	} {
 		r, tok, err := destination.ParseHeader(v)
@@ -113,6 +113,7 @@ func FuzzParseHeader(f *testing.F) {
 	for _, s := range []string{"report; 3.41", "nightly%20report%3B; 1796132345000000.3", "%C3%9C; 0.0",
 		"a; -1.2", "a; 9223372036854775807.9223372036854775807", "a;3.4", "%; 1.1"} {
 		f.Add(s, "r é;%", int64(1796132345000000), int64(3))
+		f.Add(s, "x", int64(0), int64(1))
 	}
 	f.Fuzz(func(t *testing.T, v, resource string, epoch, gen int64) {
 		if r, tok, err := destination.ParseHeader(v); err == nil {
@@ -121,7 +122,7 @@ func FuzzParseHeader(f *testing.F) {
 				t.Fatalf("%q parsed to %q %s, which re-parsed to %q %s %v", v, r, tok, r2, tok2, err)
 			}
 		}
-		if epoch < 0 || gen < 0 || fenced.ValidateResource(resource) != nil {
+		if epoch <= 0 || gen <= 0 || fenced.ValidateResource(resource) != nil {
 			return
 		}
 		want := fenced.Token{Epoch: epoch, Generation: gen}

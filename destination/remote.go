@@ -48,7 +48,7 @@ func (f *Remote) Fence(ctx context.Context, resource string, token fenced.Token)
 		return nil
 	case resp.StatusCode == http.StatusConflict:
 		e := &StaleError{Resource: resource, Token: token}
-		if _, cur, err := ParseHeader("x; " + p.Current); err == nil {
+		if cur, err := fenced.ParseToken(p.Current); err == nil {
 			e.Current = cur
 		}
 		return e

@@ -84,7 +84,7 @@ func LeaseID(resource string, token fenced.Token) string {
 func tokenOf(md map[string]*string) (fenced.Token, error) {
 	for k, v := range md {
 		if strings.EqualFold(k, MetadataKey) && v != nil {
-			_, t, err := destination.ParseHeader("x; " + *v)
+			t, err := fenced.ParseToken(*v)
 			if err != nil {
 				return fenced.Token{}, fmt.Errorf("the blob's %s metadata %q is not a token", MetadataKey, *v)
 			}

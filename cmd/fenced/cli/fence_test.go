@@ -6,6 +6,7 @@ import (
 	"net/http/httptest"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 
@@ -54,15 +55,19 @@ func TestRunFence(t *testing.T) {
 	tg.ok(nil, "run", res, "--ttl", "30s", "--fence", url, "--",
 		"sh", "-c", `echo "$FENCED_EPOCH|$FENCED_TOKEN|$FENCED_TOKEN_HEADER"`)
 	got := string(tg.ok(nil, "get", res))
-	want := "3|3.1|" + destination.FormatHeader(res, fenced.Token{Epoch: 3, Generation: 1}) + "\n"
-	if got != want {
-		t.Fatalf("the command printed %q, want %q", got, want)
+	parts := strings.Split(strings.TrimSuffix(got, "\n"), "|")
+	if len(parts) != 3 {
+		t.Fatalf("the command printed %q", got)
 	}
-	if m, err := g.Mark(context.Background(), res); err != nil || m != (fenced.Token{Epoch: 3, Generation: 1}) {
-		t.Fatalf("mark %s %v", m, err)
+	token, err := fenced.ParseToken(parts[1])
+	if err != nil || token.Generation != 1 || parts[0] != strconv.FormatInt(token.Epoch, 10) || token.Epoch < 1e15 {
+		t.Fatalf("FENCED_EPOCH %q, FENCED_TOKEN %q: %v", parts[0], parts[1], err)
 	}
-	if _, _, err := destination.ParseHeader(strings.Split(strings.TrimSpace(got), "|")[2]); err != nil {
-		t.Fatalf("FENCED_TOKEN_HEADER does not parse: %v", err)
+	if want := destination.FormatHeader(res, token); parts[2] != want {
+		t.Fatalf("FENCED_TOKEN_HEADER %q, want %q", parts[2], want)
+	}
+	if m, err := g.Mark(context.Background(), res); err != nil || m != token {
+		t.Fatalf("mark %s %v, want %s", m, err, token)
 	}
 }
 
@@ -72,7 +77,7 @@ func TestRunFenceRefused(t *testing.T) {
 	tg := runTarget(t)
 	marker := filepath.Join(tg.dir, "ran")
 	ahead, aheadURL := fenceService(t, "job")
-	if err := ahead.Fence(context.Background(), "job", fenced.Token{Epoch: 1796132345000000, Generation: 1}); err != nil {
+	if err := ahead.Fence(context.Background(), "job", fenced.Token{Epoch: 1 << 62, Generation: 1}); err != nil { // far beyond any clock epoch
 		t.Fatal(err)
 	}
 	_, emptyURL := fenceService(t)
@@ -84,7 +89,7 @@ func TestRunFenceRefused(t *testing.T) {
 		url  string
 		want string
 	}{
-		{"newer token at the service", 5, aheadURL, "older than the destination's 1796132345000000.1"},
+		{"newer token at the service", 5, aheadURL, "older than the destination's 4611686018427387904.1"},
 		{"unknown resource", 4, emptyURL, "unknown resource"},
 		{"unreachable", 1, closed.URL, "connection refused"},
 		{"not a URL", 2, "ftp://x", "invalid --fence"},
