@@ -33,7 +33,7 @@ const (
 
 // containerForTest creates a container with a random name on the Azurite server named by
 // FENCED_TEST_AZURITE (.ci/run starts one), deleted when the test ends.
-func containerForTest(t *testing.T) *container.Client {
+func containerForTest(t testing.TB) *container.Client {
 	t.Helper()
 	raw := drivertest.ServerURL(t, "FENCED_TEST_AZURITE", "http://127.0.0.1:10000/"+azuriteAccount, func(raw string) error {
 		u, err := url.Parse(raw)

@@ -99,31 +99,6 @@ func TestNewRefusesBadConfig(t *testing.T) {
 	}
 }
 
-// TestMutationUnconditional: a gate that raises the mark without comparing accepts the
-// delayed write that the suite's takeover schedule expects refused, so the suite can fail.
-func TestMutationUnconditional(t *testing.T) {
-	for _, e := range []gatetest.Engine{{Dialect: gate.SQLite, Open: openSQLite}, {Dialect: gate.Postgres, Open: openPostgres}} {
-		t.Run(e.Dialect.String(), func(t *testing.T) {
-			ctx := context.Background()
-			s := gatetest.NewService(t, e)
-			if err := s.Gate.Add(ctx, "r"); err != nil {
-				t.Fatal(err)
-			}
-			a, b := gatetest.Tok(1, 5), gatetest.Tok(1, 6)
-			if err := s.Gate.Fence(ctx, "r", b); err != nil {
-				t.Fatal(err)
-			}
-			if err := s.Write(ctx, "r", a, []byte("late")); err == nil {
-				t.Fatal("the real gate accepted a stale write")
-			}
-			gate.Unconditional(s.Gate)
-			if err := s.Write(ctx, "r", a, []byte("late")); err != nil {
-				t.Fatalf("the mutated gate refused the stale write (%v): the mutation is not what it claims", err)
-			}
-		})
-	}
-}
-
 // TestPostgresCheckWaitsForTheRaise: a check that waits on the row lock of an uncommitted raise
 // is decided on the committed mark. tx1 raises to b and holds; tx2 checks a < b and waits (seen
 // in pg_stat_activity); tx1 commits; tx2 is refused.
