@@ -31,7 +31,8 @@ const (
 )
 
 func (a *app) demoCmd() *cobra.Command {
-	return &cobra.Command{
+	var dest string
+	cmd := &cobra.Command{
 		Use:   "demo",
 		Short: "Show, with real processes, a paused worker's stale write refused (and a plain lock losing it)",
 		Long: `Run the schedule that makes a lock unsafe, with real worker processes on a temporary
@@ -45,10 +46,25 @@ SQLite database (removed afterwards; --db is ignored), twice:
 
 With fenced, the database refuses A's publication (A exits 5) and B's result stays. With a
 naive lock (the same acquisition, then an unconditional UPDATE), A overwrites B's result.
-The demo exits 0 only when the fenced run kept B's result and the naive run lost it.`,
+The demo exits 0 only when the fenced run kept B's result and the naive run lost it.
+
+With --destination gate the workers write to a participating service instead (a gate on its
+own SQLite database, served on loopback by the demo), and B builds for a while before writing:
+run 1 has both workers fence the service on acquisition, and the service itself refuses A's
+stale write; run 2 does not fence, and the service accepts it while B owns the resource.`,
 		Args: cobra.NoArgs,
-		RunE: a.run(func(cmd *cobra.Command, _ []string) error { return a.demo(cmd.Context()) }),
+		RunE: a.run(func(cmd *cobra.Command, _ []string) error {
+			switch dest {
+			case "row":
+				return a.demo(cmd.Context())
+			case "gate":
+				return a.demoGate(cmd.Context())
+			}
+			return usagef("invalid --destination %q: want row or gate", dest)
+		}),
 	}
+	demoDestinationFlag(cmd, &dest)
+	return cmd
 }
 
 func (a *app) demo(ctx context.Context) error {
@@ -253,6 +269,7 @@ type workerEvent struct {
 	Owner      string  `json:"owner,omitempty"`
 	LeaseUntil *string `json:"lease_until,omitempty"`
 	Reason     string  `json:"reason,omitempty"`
+	Token      string  `json:"token,omitempty"`
 }
 
 // worker is one demo-worker process seen from the demo. Only the demo's goroutine uses it.
@@ -266,8 +283,8 @@ type worker struct {
 	code   int
 }
 
-func startWorker(ctx context.Context, exe, url, name string, ttl time.Duration, payload string, naive, waitGo bool) (*worker, error) {
-	args := []string{"demo-worker", "--db", url, "--name", name, "--ttl", ttl.String(), "--payload", payload}
+func startWorker(ctx context.Context, exe, url, name string, ttl time.Duration, payload string, naive, waitGo bool, extra ...string) (*worker, error) {
+	args := append([]string{"demo-worker", "--db", url, "--name", name, "--ttl", ttl.String(), "--payload", payload}, extra...)
 	if naive {
 		args = append(args, "--naive")
 	}
@@ -382,8 +399,8 @@ func (w *worker) stderrText() string {
 // on stdin (its long build), publishes or writes, and reports each step as a JSON line.
 func (a *app) demoWorkerCmd() *cobra.Command {
 	var (
-		name, ttl, payload   string
-		naive, wait, release bool
+		name, ttl, payload, service string
+		naive, wait, release, fence bool
 	)
 	cmd := &cobra.Command{
 		Use:    "demo-worker",
@@ -395,6 +412,9 @@ func (a *app) demoWorkerCmd() *cobra.Command {
 			if err != nil {
 				return err
 			}
+			if service != "" {
+				return a.demoServiceWorker(cmd, service, d, []byte(payload), fence, wait)
+			}
 			return a.demoWorker(cmd, name, d, []byte(payload), naive, wait, release)
 		}),
 	}
@@ -404,6 +424,8 @@ func (a *app) demoWorkerCmd() *cobra.Command {
 	cmd.Flags().BoolVar(&naive, "naive", false, "write unconditionally, as a plain lock would")
 	cmd.Flags().BoolVar(&wait, "wait", false, `wait for "go" on stdin before publishing`)
 	cmd.Flags().BoolVar(&release, "release", false, "release after publishing")
+	cmd.Flags().StringVar(&service, "service", "", "write to this participating service instead of publishing")
+	cmd.Flags().BoolVar(&fence, "fence", false, "fence the service right after acquiring")
 	return cmd
 }
 

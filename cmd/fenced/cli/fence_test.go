@@ -6,6 +6,7 @@ import (
 	"net/http/httptest"
 	"os"
 	"path/filepath"
+	"regexp"
 	"strconv"
 	"strings"
 	"testing"
@@ -104,5 +105,45 @@ func TestRunFenceRefused(t *testing.T) {
 		if st := tg.show("job"); st.Held {
 			t.Fatalf("%s: the lease was kept", c.name)
 		}
+	}
+}
+
+// The gate demo: fenced on acquisition the service refuses A's stale write; without it the
+// service accepts it while B owns the resource.
+func TestDemoGate(t *testing.T) {
+	t.Parallel()
+	r := runIn(t, t.TempDir(), "", nil, "demo", "--destination", "gate")
+	out := string(r.stdout)
+	if r.code != 0 {
+		t.Fatalf("demo: exit %d, stderr %q\n%s", r.code, r.stderr, out)
+	}
+	run1, run2, ok := strings.Cut(out, "== Run 2")
+	if !ok {
+		t.Fatalf("no second run:\n%s", out)
+	}
+	for _, c := range []struct {
+		text string
+		want *regexp.Regexp
+	}{
+		{run1, regexp.MustCompile(`B +fenced the service: its mark is now \d+\.2`)},
+		{run1, regexp.MustCompile(`A +the service REFUSED A's write \(409: token (\d+)\.1 is older than the service's mark \d+\.2\)`)},
+		{run1, regexp.MustCompile(`A +exited with code 5`)},
+		{run1, regexp.MustCompile(`readers of the service now see no report`)},
+		{run2, regexp.MustCompile(`A +the service ACCEPTED A's write \(204\)`)},
+		{run2, regexp.MustCompile(`readers of the service now see "report by A" written with token \d+\.1, while B owns the resource`)},
+		{run2, regexp.MustCompile(`B +wrote "report by B" with token \d+\.2 \(204\)`)},
+		{out, regexp.MustCompile(`(?m)^Result: fenced on acquisition, the service itself refused the stale write`)},
+	} {
+		if !c.want.MatchString(c.text) {
+			t.Errorf("no line matching %s in:\n%s", c.want, c.text)
+		}
+	}
+	if m := regexp.MustCompile(`files in (\S+)\.\n`).FindStringSubmatch(out); m == nil {
+		t.Error("the demo did not say where its files were")
+	} else if _, err := os.Stat(m[1]); !os.IsNotExist(err) {
+		t.Errorf("the demo left %s behind (%v)", m[1], err)
+	}
+	if r := runIn(t, t.TempDir(), "", nil, "demo", "--destination", "s3"); r.code != 2 || !strings.Contains(r.stderr, `invalid --destination "s3"`) {
+		t.Errorf("unknown destination: exit %d, stderr %q", r.code, r.stderr)
 	}
 }
