@@ -113,7 +113,7 @@ func TestPostgresCheckWaitsForTheRaise(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer tx1.Rollback()
+	defer func() { _ = tx1.Rollback() }()
 	if err := s.Gate.Check(ctx, tx1, "r ü", b); err != nil {
 		t.Fatal(err)
 	}
@@ -121,7 +121,7 @@ func TestPostgresCheckWaitsForTheRaise(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer tx2.Rollback()
+	defer func() { _ = tx2.Rollback() }()
 	var pid int
 	if err := tx2.QueryRowContext(ctx, "SELECT pg_backend_pid()").Scan(&pid); err != nil {
 		t.Fatal(err)
