@@ -35,6 +35,7 @@ type tortureOptions struct {
 	resources    int
 	faults       string
 	unfenced     bool
+	gate         bool
 	report       string
 	checkTimeout time.Duration
 }
@@ -42,7 +43,7 @@ type tortureOptions struct {
 func (a *app) tortureCmd() *cobra.Command {
 	var o tortureOptions
 	cmd := &cobra.Command{
-		Use:   "torture [--seed N] [--duration D] [--workers N] [--resources N] [--faults LIST] [--unfenced] [--report DIR]",
+		Use:   "torture [--seed N] [--duration D] [--workers N] [--resources N] [--faults LIST] [--unfenced] [--gate] [--report DIR]",
 		Short: "Check the protocol under faults: worker processes, a nemesis, and a linearizability checker",
 		Long: `Run worker processes that loop acquire (TTL 300-800ms), build (a short pause), publish a payload
 naming (worker, generation, sequence) and release, on a few resources, while a nemesis injects
@@ -71,6 +72,13 @@ Faults (--faults, comma-separated; default: every one that applies to the databa
 --unfenced runs the same schedule with a plain lock: the same acquisitions, then an
 unconditional write of the payload (SQLite and PostgreSQL). It must report violations.
 
+--gate also runs a participating service (destination/gate on a SQLite file of its own, on
+loopback): each worker fences it right after acquiring and sends its build's result to it
+with the lease's Fencing-Token before publishing. The checker then also requires that the
+service accepted no write carrying a token older than one whose holder had fenced before the
+write was sent. With --unfenced the workers do not fence (the high-water mark alone), and the
+checker holds the service to the acquisitions instead: it must report violations there too.
+
 The same seed gives the same schedule (the nemesis's choices, the workers' draws); the
 interleaving of the processes is the operating system's, so runs differ in detail.
 The report is printed and written as a self-contained HTML page in --report DIR (default: a
@@ -92,6 +100,7 @@ Exit code 7: violations found.`,
 	f.IntVar(&o.resources, "resources", 3, "resources")
 	f.StringVar(&o.faults, "faults", "", "faults to inject: pause,kill,drop-reply,restart,clock,rowlock (default: all that apply)")
 	f.BoolVar(&o.unfenced, "unfenced", false, "use a plain lock (unconditional write): the checker must find violations")
+	f.BoolVar(&o.gate, "gate", false, "also write through a participating service's gate, fenced on acquisition (not with --unfenced)")
 	f.StringVar(&o.report, "report", "", "directory for the HTML report and the histories (default: a new temporary directory)")
 	f.DurationVar(&o.checkTimeout, "check-timeout", time.Minute, "bound on the model check of each resource")
 	return cmd
@@ -270,6 +279,16 @@ func (a *app) torture(cmd *cobra.Command, o tortureOptions) error {
 
 	t := &tortureRun{a: a, o: o, exe: exe, url: url, clockFile: clockFile, hist: hist, resources: resources,
 		faults: faults, procs: make([]*tortureProc, o.workers), restart: restart}
+	if o.gate {
+		svc, err := startTortureGate(ctx, filepath.Join(dir, "gate.db"), resources)
+		if err != nil {
+			return err
+		}
+		defer svc.close()
+		t.gateURL = svc.url
+		fmt.Fprintf(a.stdout, "participating service (gate) on %s, workers %s\n", svc.url,
+			map[bool]string{true: "do not fence it", false: "fence it on acquisition"}[o.unfenced])
+	}
 	started := time.Now()
 	if err := t.execute(ctx, drv, plan); err != nil {
 		return err
@@ -314,6 +333,7 @@ type tortureRun struct {
 	hist      string
 	resources []string
 	faults    []string
+	gateURL   string // the participating service of --gate, or ""
 
 	mu    sync.Mutex
 	procs []*tortureProc // current process of each slot
@@ -473,6 +493,12 @@ func (t *tortureRun) startWorker(ctx context.Context, slot, incarnation int, rem
 	if t.o.unfenced {
 		args = append(args, "--naive")
 	}
+	if t.gateURL != "" {
+		args = append(args, "--gate", t.gateURL)
+		if !t.o.unfenced {
+			args = append(args, "--gate-fence")
+		}
+	}
 	if t.clockFile != "" {
 		args = append(args, "--clock-file", t.clockFile)
 	}
@@ -620,7 +646,8 @@ func (a *app) tortureWorkerCmd() *cobra.Command {
 	var (
 		cfg                                    torture.WorkerConfig
 		resources, history, clockFile, seedStr string
-		naive                                  bool
+		naive, gateFence                       bool
+		gateURL                                string
 	)
 	cmd := &cobra.Command{
 		Use:    "torture-worker",
@@ -643,6 +670,9 @@ func (a *app) tortureWorkerCmd() *cobra.Command {
 					return err
 				}
 			}
+			if gateURL != "" {
+				cfg.Gate = &torture.GateConfig{URL: gateURL, Fence: gateFence}
+			}
 			rec, err := torture.NewRecorder(history, cfg.Proc)
 			if err != nil {
 				return err
@@ -660,5 +690,7 @@ func (a *app) tortureWorkerCmd() *cobra.Command {
 	f.Float64Var(&cfg.DropReply, "drop-reply", 0, "probability of dropping a reply")
 	f.BoolVar(&naive, "naive", false, "write unconditionally, as a plain lock would")
 	f.StringVar(&clockFile, "clock-file", "", "SQLite clock offset file")
+	f.StringVar(&gateURL, "gate", "", "participating service to write through")
+	f.BoolVar(&gateFence, "gate-fence", false, "fence the service right after acquiring")
 	return cmd
 }

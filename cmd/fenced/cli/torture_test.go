@@ -124,3 +124,38 @@ func TestTortureUsage(t *testing.T) {
 		t.Error("torture created ./fenced.db")
 	}
 }
+
+// TestTortureGate drives writes through a participating service's gate too: fenced on
+// acquisition it accepts no stale write; with --unfenced (no fence, the high-water mark alone)
+// the checker must find writes the service accepted from a holder already superseded.
+func TestTortureGate(t *testing.T) {
+	t.Parallel()
+	gateLine := regexp.MustCompile(`(ok|VIOLATED) +3 at a participating service \(--gate\).* \((\d+) checked, (\d+) violations\)`)
+	t.Run("fenced", func(t *testing.T) {
+		t.Parallel()
+		code, out := runTorture(t, "", "--gate")
+		if code != 0 || !strings.Contains(out, "RESULT: no violations found\n") {
+			t.Fatalf("torture --gate: exit %d, want 0 and no violations", code)
+		}
+		if m := gateLine.FindStringSubmatch(out); m == nil || m[1] != "ok" || m[2] == "0" {
+			t.Errorf("the gate's writes were not checked: %q", m)
+		}
+		if !regexp.MustCompile(`fence +ok [1-9]`).MatchString(out) {
+			t.Error("no worker fenced the gate")
+		}
+		checkTortured(t, out, "pause")
+	})
+	t.Run("unfenced", func(t *testing.T) {
+		t.Parallel()
+		code, out := runTorture(t, "", "--gate", "--unfenced")
+		if code != 7 {
+			t.Fatalf("torture --gate --unfenced: exit %d, want 7", code)
+		}
+		if m := gateLine.FindStringSubmatch(out); m == nil || m[1] != "VIOLATED" {
+			t.Errorf("the gate's stale writes were not reported: %q", m)
+		}
+		if strings.Contains(out, "\n  fence ") {
+			t.Error("unfenced workers fenced the gate")
+		}
+	})
+}

@@ -21,6 +21,7 @@ const (
 	InvNoRevival        = "6 no renewal or publication that waited on a row lock (rowlock fault) past its lease's expiry is accepted"
 	InvReadsMonotonic   = "9 reads never go back in time (per reader)"
 	InvIdentityPerAcq   = "12 identity per acquisition: no owner identity is used by two acquisitions"
+	InvGate             = "3 at a participating service (--gate): it accepts no write carrying a token older than one whose holder was ready (fenced, or acquired when nobody fences) before the write was sent"
 	maxExcerpt          = 40
 	defaultCheckTimeout = time.Minute
 	flaggedCheckTimeout = 5 * time.Second
@@ -28,7 +29,7 @@ const (
 
 // Invariants lists what Check verifies, in order.
 var Invariants = []string{InvLinearizable, InvUniqueTokens, InvRealTimeOrder, InvFence, InvOnePublication,
-	InvPublishedGrows, InvPayloadBelongs, InvLeaseExists, InvNoRevival, InvReadsMonotonic, InvIdentityPerAcq}
+	InvPublishedGrows, InvPayloadBelongs, InvLeaseExists, InvNoRevival, InvReadsMonotonic, InvIdentityPerAcq, InvGate}
 
 // NotShown lists the invariants a history of this kind cannot show, and why.
 var NotShown = []string{
@@ -97,13 +98,21 @@ func Check(h *History, init map[string]State, timeout time.Duration) *Result {
 	for _, name := range Invariants {
 		c.res[name] = &InvariantResult{Name: name}
 	}
+	fencing := false
+	for _, op := range h.Ops {
+		fencing = fencing || op.Kind == OpFence
+	}
 	for _, res := range h.Resources() {
-		var ops []*Op
+		var ops, withGate []*Op
 		for _, op := range h.Ops {
 			if op.Resource == res {
-				ops = append(ops, op)
+				withGate = append(withGate, op)
+				if !op.Gate() { // the gate's operations are checked apart, not by the model
+					ops = append(ops, op)
+				}
 			}
 		}
+		c.gateTokens(res, withGate, fencing)
 		c.tokens(res, ops)
 		c.publications(res, ops)
 		c.payloads(res, ops)
@@ -114,7 +123,7 @@ func Check(h *History, init map[string]State, timeout time.Duration) *Result {
 	for _, res := range h.Resources() {
 		var ops []*Op
 		for _, op := range h.Ops {
-			if op.Resource == res {
+			if op.Resource == res && !op.Gate() {
 				ops = append(ops, op)
 			}
 		}

@@ -28,6 +28,7 @@ type WorkerConfig struct {
 	Duration  time.Duration // no new iteration starts after this
 	DropReply float64       // probability that an operation's reply is dropped after it ran
 	Naive     NaiveWrite    // nil: publish through the fence
+	Gate      *GateConfig   // nil: no participating service
 	// Phase receives "build" before the worker's build pause and "call OP" just after each
 	// CALL record is written, so that the nemesis can aim a pause or a kill.
 	Phase io.Writer
@@ -69,6 +70,10 @@ func RunWorker(ctx context.Context, cfg WorkerConfig, drv driver.Driver, rec *Re
 			sleep(ctx, time.Duration(5+rng.IntN(40))*time.Millisecond)
 			continue
 		}
+		if !gateFence(ctx, cfg.Gate, rd, lease) {
+			_ = lease.Release(ctx)
+			continue
+		}
 		// The build: usually well inside the lease, sometimes past it (a slow build), and the
 		// nemesis aims its pauses here.
 		build := time.Duration(float64(ttl) * (0.1 + 0.5*rng.Float64()))
@@ -87,6 +92,7 @@ func RunWorker(ctx context.Context, cfg WorkerConfig, drv driver.Driver, rec *Re
 		sleep(ctx, build-build/2)
 		seq++
 		payload := fmt.Appendf(nil, `{"worker":%q,"generation":%d,"seq":%d}`, cfg.Proc, lease.Generation(), seq)
+		gateWrite(ctx, cfg.Gate, rd, lease, payload)
 		if together {
 			_ = lease.PublishAndRelease(ctx, payload)
 			continue

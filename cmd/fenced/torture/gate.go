@@ -1,0 +1,128 @@
+package torture
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"net/http"
+	"time"
+
+	"github.com/fenced-dev/fenced"
+	"github.com/fenced-dev/fenced/destination"
+)
+
+// Operations on a participating service's gate (fenced torture --gate).
+const (
+	OpFence     = "fence"      // install the lease's token at the gate right after acquiring
+	OpGateWrite = "gate_write" // the build's result sent to the service with the lease's token
+)
+
+// GateConfig makes each worker also write its build's result to a participating service,
+// with the lease's Fencing-Token, and, when Fence is set, fence the service right after
+// acquiring (before the build), as fenced.Run with RunOptions.Fence does.
+type GateConfig struct {
+	URL   string // the service: POST URL/fence, PUT URL/write
+	Fence bool
+}
+
+// Gate reports whether the operation went to the gate rather than the lease store.
+func (o *Op) Gate() bool { return o.Kind == OpFence || o.Kind == OpGateWrite }
+
+var gateClient = &http.Client{Timeout: 10 * time.Second}
+
+// gateFence fences the gate for lease and records it; false means the build must not start.
+func gateFence(ctx context.Context, cfg *GateConfig, rd *recording, lease *fenced.Lease) bool {
+	if cfg == nil || !cfg.Fence {
+		return true
+	}
+	id, err := rd.call(gateRecord(OpFence, lease))
+	if err != nil {
+		return false
+	}
+	err = (&destination.Remote{URL: cfg.URL + "/fence", Client: gateClient}).Fence(ctx, lease.Resource(), lease.Token())
+	_ = rd.ret(id, Record{Out: gateOutcome(err)}, err)
+	return err == nil
+}
+
+// gateWrite sends payload to the service as lease's holder and records the answer: 204 ok,
+// 409 refused; anything else, after the request may have arrived, unknown.
+func gateWrite(ctx context.Context, cfg *GateConfig, rd *recording, lease *fenced.Lease, payload []byte) {
+	if cfg == nil {
+		return
+	}
+	r := gateRecord(OpGateWrite, lease)
+	r.Payload = string(payload)
+	id, err := rd.call(r)
+	if err != nil {
+		return
+	}
+	req, err := http.NewRequestWithContext(ctx, http.MethodPut, cfg.URL+"/write", bytes.NewReader(payload))
+	if err == nil {
+		c := &http.Client{Transport: &destination.Transport{Holder: lease}, Timeout: gateClient.Timeout}
+		var resp *http.Response
+		if resp, err = c.Do(req); err == nil {
+			_ = resp.Body.Close()
+			switch resp.StatusCode {
+			case http.StatusNoContent:
+			case http.StatusConflict:
+				err = &destination.StaleError{Resource: lease.Resource(), Token: lease.Token()}
+			default:
+				err = fmt.Errorf("the service answered %s", resp.Status)
+			}
+		}
+	}
+	_ = rd.ret(id, Record{Out: gateOutcome(err)}, err)
+}
+
+func gateRecord(op string, lease *fenced.Lease) Record {
+	return Record{Op: op, Resource: lease.Resource(), Owner: lease.Owner(), Epoch: lease.Epoch(), Gen: lease.Generation()}
+}
+
+func gateOutcome(err error) string {
+	switch {
+	case err == nil:
+		return OutOK
+	case errors.Is(err, destination.ErrStale):
+		return OutRefused
+	}
+	return "" // ret records it as unknown
+}
+
+// gateTokens checks the fence at the gate on one resource: no write the gate accepted carries
+// a token older than one whose holder was ready before the write was sent. A holder is ready
+// when its fence returned (fencing workers) or, when no worker fences (the gate's high-water
+// mark alone), when its acquisition returned.
+func (c *checker) gateTokens(res string, ops []*Op, fencing bool) {
+	type ready struct {
+		at  int64
+		tok fenced.Token
+		op  *Op
+	}
+	var readies []ready
+	for _, op := range ops {
+		if op.Out != OutOK {
+			continue
+		}
+		if (fencing && op.Kind == OpFence) || (!fencing && op.Kind == OpAcquire) {
+			readies = append(readies, ready{op.Return, fenced.Token{Epoch: op.Epoch, Generation: op.Gen}, op})
+		}
+	}
+	for _, w := range ops {
+		if w.Kind != OpGateWrite || w.Out != OutOK {
+			continue
+		}
+		c.res[InvGate].Checked++
+		tok := fenced.Token{Epoch: w.Epoch, Generation: w.Gen}
+		var top *ready
+		for i := range readies {
+			if r := &readies[i]; r.at < w.Call && (top == nil || r.tok.Compare(top.tok) > 0) {
+				top = r
+			}
+		}
+		if top != nil && top.tok.Compare(tok) > 0 {
+			c.violate(InvGate, res, fmt.Sprintf("the gate accepted a write with token %s after the holder of %s was ready",
+				tok, top.tok), top.op, w)
+		}
+	}
+}
