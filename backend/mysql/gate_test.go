@@ -1,8 +1,10 @@
 package mysql
 
 import (
+	"context"
 	"database/sql"
 	"testing"
+	"time"
 
 	"github.com/fenced-dev/fenced/destination/gate"
 	"github.com/fenced-dev/fenced/destination/gate/gatetest"
@@ -23,6 +25,26 @@ var gateEngine = gatetest.Engine{Dialect: gate.MySQL, Open: func(t testing.TB) *
 	t.Cleanup(func() { _ = d.Close() })
 	return d.DB()
 }}
+
+// TestGateCheckWaitsForTheRaise: on InnoDB too, a check waiting on an uncommitted raise's row
+// lock is decided on the committed mark.
+func TestGateCheckWaitsForTheRaise(t *testing.T) {
+	t.Parallel()
+	// MariaDB refreshes its INNODB_TRX cache only when it was not read for 100 ms.
+	gatetest.CheckWaitsForTheRaise(t, gateEngine, 150*time.Millisecond,
+		func(ctx context.Context, db *sql.DB, tx2 *sql.Tx) func() bool {
+			var id int64
+			if err := tx2.QueryRowContext(ctx, "SELECT CONNECTION_ID()").Scan(&id); err != nil {
+				t.Fatal(err)
+			}
+			return func() bool {
+				var waiting bool
+				err := db.QueryRowContext(ctx, `SELECT COUNT(*) > 0 FROM information_schema.INNODB_TRX
+					WHERE trx_mysql_thread_id = ? AND trx_state = 'LOCK WAIT'`, id).Scan(&waiting)
+				return err == nil && waiting
+			}
+		})
+}
 
 // BenchmarkGate: a service's write transaction with the gate's check beside the same
 // transaction without it, on MariaDB/MySQL.

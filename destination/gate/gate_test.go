@@ -4,14 +4,12 @@ import (
 	"context"
 	"crypto/rand"
 	"database/sql"
-	"errors"
 	"net/url"
 	"path/filepath"
 	"strings"
 	"testing"
 	"time"
 
-	"github.com/fenced-dev/fenced/destination"
 	"github.com/fenced-dev/fenced/destination/gate"
 	"github.com/fenced-dev/fenced/destination/gate/gatetest"
 	"github.com/fenced-dev/fenced/driver/drivertest"
@@ -99,46 +97,21 @@ func TestNewRefusesBadConfig(t *testing.T) {
 	}
 }
 
-// TestPostgresCheckWaitsForTheRaise: a check that waits on the row lock of an uncommitted raise
-// is decided on the committed mark. tx1 raises to b and holds; tx2 checks a < b and waits (seen
-// in pg_stat_activity); tx1 commits; tx2 is refused.
+// TestPostgresCheckWaitsForTheRaise: a check waiting on an uncommitted raise's row lock is
+// decided on the committed mark.
 func TestPostgresCheckWaitsForTheRaise(t *testing.T) {
-	ctx := context.Background()
-	s := gatetest.NewService(t, gatetest.Engine{Dialect: gate.Postgres, Open: openPostgres})
-	if err := s.Gate.Add(ctx, "r ü"); err != nil {
-		t.Fatal(err)
-	}
-	a, b := gatetest.Tok(1, 5), gatetest.Tok(1, 6)
-	tx1, err := s.DB.BeginTx(ctx, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer func() { _ = tx1.Rollback() }()
-	if err := s.Gate.Check(ctx, tx1, "r ü", b); err != nil {
-		t.Fatal(err)
-	}
-	tx2, err := s.DB.BeginTx(ctx, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer func() { _ = tx2.Rollback() }()
-	var pid int
-	if err := tx2.QueryRowContext(ctx, "SELECT pg_backend_pid()").Scan(&pid); err != nil {
-		t.Fatal(err)
-	}
-	done := make(chan error, 1)
-	go func() { done <- s.Gate.Check(ctx, tx2, "r ü", a) }()
-	gatetest.WaitFor(t, "tx2 to wait on the row lock", func() bool {
-		var waiting bool
-		err := s.DB.QueryRowContext(ctx, "SELECT wait_event_type = 'Lock' FROM pg_stat_activity WHERE pid = $1", pid).Scan(&waiting)
-		return err == nil && waiting
-	})
-	if err := tx1.Commit(); err != nil {
-		t.Fatal(err)
-	}
-	if err := <-done; !errors.Is(err, destination.ErrStale) {
-		t.Fatalf("tx2's check after tx1 committed: %v, want stale", err)
-	}
+	gatetest.CheckWaitsForTheRaise(t, gatetest.Engine{Dialect: gate.Postgres, Open: openPostgres}, 10*time.Millisecond,
+		func(ctx context.Context, db *sql.DB, tx2 *sql.Tx) func() bool {
+			var pid int
+			if err := tx2.QueryRowContext(ctx, "SELECT pg_backend_pid()").Scan(&pid); err != nil {
+				t.Fatal(err)
+			}
+			return func() bool {
+				var waiting bool
+				err := db.QueryRowContext(ctx, "SELECT wait_event_type = 'Lock' FROM pg_stat_activity WHERE pid = $1", pid).Scan(&waiting)
+				return err == nil && waiting
+			}
+		})
 }
 
 // BenchmarkGate: a service's write transaction with the gate's check beside the same

@@ -399,17 +399,67 @@ func testHTTP(t *testing.T, e Engine) {
 	}
 }
 
-// WaitFor polls cond until it holds: a hook for a schedule that the database, not the test,
-// brings about (a statement waiting on a row lock). It is not a timing assumption: it fails
-// after a minute.
-func WaitFor(t *testing.T, what string, cond func() bool) {
+// WaitFor polls cond every interval until it holds: a hook for a schedule that the database,
+// not the test, brings about (a statement waiting on a row lock). It is not a timing
+// assumption: it fails after a minute.
+func WaitFor(t *testing.T, what string, interval time.Duration, cond func() bool) {
 	t.Helper()
-	for deadline := time.Now().Add(time.Minute); time.Now().Before(deadline); time.Sleep(10 * time.Millisecond) {
+	for deadline := time.Now().Add(time.Minute); time.Now().Before(deadline); time.Sleep(interval) {
 		if cond() {
 			return
 		}
 	}
 	t.Fatalf("timed out waiting for %s", what)
+}
+
+// CheckWaitsForTheRaise forces the schedule behind Check's promise that concurrent writes to
+// one resource are checked one after the other: tx1 raises the mark to b and holds its
+// transaction open; tx2 checks a < b and waits on the row lock, which waiting (given tx2, to
+// find its session) reports from the server; tx1 commits; tx2 must be refused on the
+// committed mark. For engines with row locks (PostgreSQL, MySQL).
+func CheckWaitsForTheRaise(t *testing.T, e Engine, interval time.Duration, waiting func(ctx context.Context, db *sql.DB, tx2 *sql.Tx) func() bool) {
+	ctx := context.Background()
+	s := NewService(t, e)
+	if err := s.Gate.Add(ctx, res); err != nil {
+		t.Fatal(err)
+	}
+	a, b := tok(1, 5), tok(1, 6)
+	tx1, err := s.DB.BeginTx(ctx, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = tx1.Rollback() }()
+	if err := s.Gate.Check(ctx, tx1, res, b); err != nil {
+		t.Fatal(err)
+	}
+	tx2, err := s.DB.BeginTx(ctx, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = tx2.Rollback() }()
+	isWaiting := waiting(ctx, s.DB, tx2)
+	done := make(chan error, 1)
+	go func() { done <- s.Gate.Check(ctx, tx2, res, a) }()
+	WaitFor(t, "tx2 to wait on the row lock", interval, func() bool {
+		select {
+		case err := <-done:
+			t.Fatalf("tx2's check finished while tx1 held the row: %v", err)
+		default:
+		}
+		return isWaiting()
+	})
+	if err := tx1.Commit(); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-done; !errors.Is(err, destination.ErrStale) {
+		t.Fatalf("tx2's check after tx1 committed: %v, want stale", err)
+	}
+	if err := tx2.Rollback(); err != nil {
+		t.Fatal(err)
+	}
+	if m := mark(t, s, res); m != b {
+		t.Fatalf("mark %s, want %s", m, b)
+	}
 }
 
 // Bench measures a service's write transaction (BEGIN, upsert, COMMIT) with the gate's check
