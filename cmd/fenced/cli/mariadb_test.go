@@ -81,9 +81,9 @@ func startMariaDB(t *testing.T) (port int, root *sql.DB) {
 	if err := srv.Start(); err != nil {
 		t.Fatal(err)
 	}
-	exited := make(chan error, 1)
-	go func() { exited <- srv.Wait() }()
-	t.Cleanup(func() { // registered after the directory's removal, so it runs before it
+	exited := make(chan struct{})
+	go func() { _ = srv.Wait(); close(exited) }() // a SIGTERM exit is the expected end
+	t.Cleanup(func() {                            // registered after the directory's removal, so it runs before it
 		_ = srv.Process.Signal(syscall.SIGTERM)
 		select {
 		case <-exited:
