@@ -327,6 +327,8 @@ func mutationError(op, resource string, err error, fill func(*OutcomeUnknownErro
 		return incarnationError(op, resource, err)
 	case errors.Is(err, driver.ErrReadOnly):
 		return fmt.Errorf("%s: %w", what, err)
+	case errors.Is(err, driver.ErrPermission): // its text names the operation and the role
+		return err
 	case errors.Is(err, driver.ErrNotApplied):
 		return fmt.Errorf("%s failed, nothing changed: %w", what, err)
 	}

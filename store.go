@@ -183,24 +183,6 @@ func (s *Store) CheckDurability(ctx context.Context) ([]string, error) {
 	return w, nil
 }
 
-// Grant installs the protocol's database routines and grants role the right to execute them
-// and nothing else on fenced's tables, so that code connected as role cannot write the tables
-// without the fence. A store connected as role works unchanged. Backends without routines and
-// roles (SQLite, etcd, Redis) return an error matching errors.ErrUnsupported.
-func (s *Store) Grant(ctx context.Context, role string) error {
-	g, ok := s.drv.(driver.Granter)
-	if !ok {
-		return fmt.Errorf("grant %q: this backend has no roles to grant: %w", role, errors.ErrUnsupported)
-	}
-	if err := validRole(role); err != nil {
-		return err
-	}
-	if err := g.Grant(ctx, role); err != nil {
-		return fmt.Errorf("grant %q: %w", role, err)
-	}
-	return nil
-}
-
 // BumpEpoch durably advances the store's recovery epoch and frees every lease. Run it after
 // restoring the database from a copy or failing over to a replica that may have lost
 // acknowledged commits: every lease issued before it is refused, and every later token

@@ -173,7 +173,9 @@ type DurabilityChecker interface {
 // grant a role the right to execute them and nothing else on the tables, so that no code
 // connected as that role can bypass the fence.
 type Granter interface {
-	Grant(ctx context.Context, role string) error
+	// Grant gives role spec.Access and nothing more, revoking what an earlier Grant gave
+	// beyond it, and limits it to spec.Prefixes (none: every resource).
+	Grant(ctx context.Context, role string, spec GrantSpec) error
 }
 
 // LeaseRef identifies one acquisition: its owner and its token (epoch, generation).

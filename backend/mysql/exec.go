@@ -125,6 +125,11 @@ type execer interface {
 // id, from the reply of a direct statement or from the row its procedure selects. A kindTx
 // statement is always a procedure.
 func run(ctx context.Context, e execer, procs bool, s *stmt, p *params) (matched, id int64, err error) {
+	matched, id, err = runAs(ctx, e, procs, s, p)
+	return matched, id, denied(ctx, e, s, p, err)
+}
+
+func runAs(ctx context.Context, e execer, procs bool, s *stmt, p *params) (matched, id int64, err error) {
 	if procs || s.kind == kindTx {
 		found, err := queryText(ctx, e, s.call(), p.values(s.params), &matched, &id)
 		if err == nil && !found {
@@ -146,11 +151,13 @@ func run(ctx context.Context, e execer, procs bool, s *stmt, p *params) (matched
 }
 
 // query runs a read and scans its first row into dest; found is false when it had none.
-func query(ctx context.Context, e execer, procs bool, s *stmt, p *params, dest ...any) (bool, error) {
+func query(ctx context.Context, e execer, procs bool, s *stmt, p *params, dest ...any) (found bool, err error) {
 	if procs {
-		return queryText(ctx, e, s.call(), p.values(s.params), dest...)
+		found, err = queryText(ctx, e, s.call(), p.values(s.params), dest...)
+	} else {
+		found, err = queryText(ctx, e, s.sql, p.values(s.args), dest...)
 	}
-	return queryText(ctx, e, s.sql, p.values(s.args), dest...)
+	return found, denied(ctx, e, s, p, err)
 }
 
 // queryText reads a result to its end, and every result set after it (a CALL sends one more),

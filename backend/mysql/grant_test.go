@@ -44,7 +44,7 @@ func grantedRoleOn(t *testing.T) (admin *mysql.Driver, roleURL, dbURL string) {
 			t.Errorf("drop user %s: %v", role, err)
 		}
 	})
-	if err := s.Grant(testCtx(t), role); err != nil {
+	if err := s.Grant(testCtx(t), role, adminGrant); err != nil {
 		t.Fatalf("grant: %v", err)
 	}
 	u, err := url.Parse(dbURL)
@@ -81,7 +81,7 @@ func newGrantedTarget(t *testing.T) drivertest.Target {
 			if err != nil {
 				return err
 			}
-			return newStore(t, open(t, dbURL)).Grant(ctx, u.User.Username())
+			return newStore(t, open(t, dbURL)).Grant(ctx, u.User.Username(), adminGrant)
 		},
 		SetEpoch:    setEpochWith(admin),
 		HoldRowLock: holdRowLock(admin.DB()),

@@ -264,6 +264,11 @@ func installProcedures(ctx context.Context, conn *sql.Conn, stmts []*stmt) error
 	if err != nil {
 		return err
 	}
+	if len(stale) > 0 { // the procedures' prefix check reads it
+		if _, err := conn.ExecContext(ctx, sqlGrantsTable); err != nil {
+			return fmt.Errorf("create fenced_grants: %w", err)
+		}
+	}
 	for _, s := range stale {
 		name := "fenced_" + s.name
 		if _, err := conn.ExecContext(ctx, "DROP PROCEDURE IF EXISTS "+name); err != nil {

@@ -38,11 +38,15 @@ func procedure(s *stmt) string {
 // procedureBody is the BEGIN ... END block of s's procedure, which is also what the server
 // reports as its definition (so that Grant can tell whether it is current).
 func procedureBody(s *stmt) string {
+	check := ""
+	if contains(s.params, "resource") {
+		check = prefixCheck
+	}
 	switch s.kind {
 	case kindQuery:
-		return "BEGIN\n" + s.body + ";\nEND"
+		return "BEGIN\n" + check + s.body + ";\nEND"
 	case kindExec:
-		return "BEGIN\n" + s.body + ";\nSELECT ROW_COUNT(), LAST_INSERT_ID();\nEND"
+		return "BEGIN\n" + check + s.body + ";\nSELECT ROW_COUNT(), LAST_INSERT_ID();\nEND"
 	}
 	// kindTx: the procedure owns its transaction, so that no session can run one of its
 	// statements without the other. Any error before COMMIT rolls back and is passed on; an
@@ -60,7 +64,7 @@ BEGIN
   ROLLBACK;
   RESIGNAL;
 END;
-SET TRANSACTION ISOLATION LEVEL READ COMMITTED;
+` + check + `SET TRANSACTION ISOLATION LEVEL READ COMMITTED;
 START TRANSACTION;
 ` + s.first.body + `;
 SET matched = ROW_COUNT(), last_id = LAST_INSERT_ID();
@@ -73,16 +77,104 @@ SELECT matched, last_id;
 END`
 }
 
+// prefixCheck begins every procedure whose statement names a resource. The caller is the user
+// part of USER(), the account the session logged in as (inside a SQL SECURITY DEFINER
+// procedure CURRENT_USER() is the definer; USER() cannot be set by the session). A caller with
+// rows in fenced_grants, which only Grant writes, may use a resource when one of its prefixes
+// begins the name (” for every resource); a caller without rows was not set up by Grant (the
+// tables' owner, whose publications go through procedures too) and is not checked.
+const prefixCheck = `IF EXISTS (SELECT 1 FROM fenced_grants WHERE grantee = SUBSTRING_INDEX(USER(), '@', 1))
+  AND NOT EXISTS (SELECT 1 FROM fenced_grants WHERE grantee = SUBSTRING_INDEX(USER(), '@', 1)
+                  AND LEFT(p_resource, LENGTH(prefix)) = prefix) THEN
+  SIGNAL SQLSTATE '` + sqlstatePrefix + `' SET MYSQL_ERRNO = ` + erPrefix + `,
+    MESSAGE_TEXT = 'the resource is outside the prefixes this role was granted';
+END IF;
+`
+
+// The prefix check's error, and the server's refusal to run a procedure the role was not
+// granted (ER_PROCACCESS_DENIED_ERROR).
+const (
+	sqlstatePrefix    = "FNC02"
+	erPrefix          = "50002"
+	erPrefixNumber    = 50002
+	erProcAccess      = 1370
+	erNonexistGrant   = 1141
+	erNoSuchProcGrant = 1403
+)
+
+// sqlGrantsTable holds the prefixes of each role Grant set up (” for every resource).
+const sqlGrantsTable = `CREATE TABLE IF NOT EXISTS fenced_grants (
+    grantee VARBINARY(80)  NOT NULL,
+    prefix  VARBINARY(255) NOT NULL,
+    PRIMARY KEY (grantee, prefix)
+) ENGINE = InnoDB`
+
+// access is the level a procedure needs and the operation it performs, in words.
+func access(s *stmt) (driver.Access, string) {
+	switch s.name {
+	case "provision":
+		return driver.AccessAdmin, "provision"
+	case "acquire", "read_lease":
+		return driver.AccessWorker, "acquire"
+	case "renew":
+		return driver.AccessWorker, "renew"
+	case "publish", "publish_and_release":
+		return driver.AccessWorker, "publish"
+	case "release":
+		return driver.AccessWorker, "release"
+	case "resolve":
+		return driver.AccessWorker, "resolve an operation"
+	case "bump_epoch":
+		return driver.AccessAdmin, "bump the epoch"
+	case "prune_operations":
+		return driver.AccessAdmin, "prune operation records"
+	case "read_operation":
+		return driver.AccessReader, "read an operation"
+	case "read", "read_payload":
+		return driver.AccessReader, "read"
+	}
+	// schema_version, check_found_rows, table_engines: what Migrate and CheckDurability
+	// read (check_found_rows writes the value already stored).
+	return driver.AccessReader, "read the schema"
+}
+
+// denied turns the server's refusal of s for lack of rights into a *driver.PermissionError
+// naming the operation and the account (read with one more query, on this error only): a
+// procedure the role was not granted, a table it may not touch, or a resource outside its
+// prefixes. Each is an error before anything changed.
+func denied(ctx context.Context, e execer, s *stmt, p *params, err error) error {
+	n := serverError(err)
+	if n != erProcAccess && n != erTableAccessDenied && n != erPrefixNumber {
+		return err
+	}
+	_, op := access(s)
+	pe := &driver.PermissionError{Operation: op, Err: err}
+	if n == erPrefixNumber {
+		pe.Resource = p.resource
+	}
+	if _, qerr := queryText(ctx, e, `SELECT SUBSTRING_INDEX(USER(), '@', 1)`, nil, &pe.Role); qerr != nil {
+		pe.Role = "(unknown)"
+	}
+	return pe
+}
+
 // Grant installs every operation as a SQL SECURITY DEFINER procedure (definer: the user Grant
-// runs as, who must own the tables and hold CREATE ROUTINE, ALTER ROUTINE and GRANT OPTION) and
-// grants role EXECUTE on each, and nothing else. role names a user account, 'role'@'%', which
-// must exist; a session connected as it cannot read or write fenced's tables, only call the
-// procedures, and the driver finds that out by itself (see Driver.Migrate).
+// runs as, who must own the tables and hold CREATE ROUTINE, ALTER ROUTINE and GRANT OPTION),
+// grants role EXECUTE on those spec.Access includes and revokes it on the others, and records
+// spec.Prefixes in fenced_grants. role names a user account, 'role'@'%', which must exist; a
+// session connected as it cannot read or write fenced's tables, only call the procedures, and
+// the driver finds that out by itself (see Driver.Migrate).
+//
+// It refuses a role that may create temporary tables in the database: a temporary table
+// shadows the base table of the same name for its session, inside a SQL SECURITY DEFINER
+// procedure too, so such a role could feed the procedures a fenced_meta or fenced_resources
+// of its own making and get any token it likes.
 //
 // A procedure whose body is already current is left alone. One that changed (after an upgrade
 // of fenced) is dropped and created again, and MySQL then drops every EXECUTE grant on it: run
-// Grant again for each role.
-func (d *Driver) Grant(ctx context.Context, role string) error {
+// Grant again for each role. GRANT and REVOKE commit at once: an interrupted Grant can leave
+// a role with part of its new rights; run it again.
+func (d *Driver) Grant(ctx context.Context, role string, spec driver.GrantSpec) error {
 	conn, err := d.db.Conn(ctx)
 	if err != nil {
 		return err
@@ -99,15 +191,59 @@ func (d *Driver) Grant(ctx context.Context, role string) error {
 	if err := conn.QueryRowContext(ctx, `SELECT DATABASE()`).Scan(&schema); err != nil {
 		return fmt.Errorf("read database name: %w", err)
 	}
+	grantee := "'" + role + "'@'%'" // the core allows only letters, digits and underscores
+	var temp int
+	if err := conn.QueryRowContext(ctx, sqlTempTables, "'"+role+"'@'%'", "'"+role+"'@'%'", schema).Scan(&temp); err != nil {
+		return fmt.Errorf("read the privileges of %s: %w", role, err)
+	}
+	if temp > 0 {
+		return fmt.Errorf("role %s may create temporary tables in %s, with which it could shadow fenced's tables "+
+			"inside the procedures; revoke CREATE TEMPORARY TABLES from it first", role, schema)
+	}
+	if _, err := conn.ExecContext(ctx, sqlGrantsTable); err != nil {
+		return fmt.Errorf("create fenced_grants: %w", err)
+	}
 	if err := installProcedures(ctx, conn, procedureStmts); err != nil {
 		return err
 	}
-	grantee := "'" + role + "'@'%'" // the core allows only letters, digits and underscores
 	for _, s := range procedureStmts {
 		name := "fenced_" + s.name
-		if _, err := conn.ExecContext(ctx, "GRANT EXECUTE ON PROCEDURE `"+schema+"`."+name+" TO "+grantee); err != nil {
-			return fmt.Errorf("grant execute on %s: %w", name, err)
+		need, _ := access(s)
+		if spec.Access.Includes(need) {
+			if _, err := conn.ExecContext(ctx, "GRANT EXECUTE ON PROCEDURE `"+schema+"`."+name+" TO "+grantee); err != nil {
+				return fmt.Errorf("grant execute on %s: %w", name, err)
+			}
+			continue
+		}
+		_, err := conn.ExecContext(ctx, "REVOKE EXECUTE ON PROCEDURE `"+schema+"`."+name+" FROM "+grantee)
+		if n := serverError(err); err != nil && n != erNonexistGrant && n != erNoSuchProcGrant {
+			return fmt.Errorf("revoke execute on %s: %w", name, err)
 		}
 	}
-	return nil
+	prefixes := spec.Prefixes
+	if len(prefixes) == 0 {
+		prefixes = []string{""}
+	}
+	tx, err := conn.BeginTx(ctx, nil)
+	if err != nil {
+		return err
+	}
+	defer func() { _ = tx.Rollback() }()
+	if _, err := tx.ExecContext(ctx, `DELETE FROM fenced_grants WHERE grantee = ?`, role); err != nil {
+		return fmt.Errorf("record the prefixes of %s: %w", role, err)
+	}
+	for _, p := range prefixes {
+		if _, err := tx.ExecContext(ctx, `INSERT IGNORE INTO fenced_grants (grantee, prefix) VALUES (?, ?)`, role, p); err != nil {
+			return fmt.Errorf("record the prefixes of %s: %w", role, err)
+		}
+	}
+	return tx.Commit()
 }
+
+// sqlTempTables counts the grants of CREATE TEMPORARY TABLES to the account ($1, quoted as
+// information_schema writes it) on every database or on this one (a pattern that matches it).
+const sqlTempTables = `SELECT
+  (SELECT COUNT(*) FROM information_schema.USER_PRIVILEGES
+   WHERE GRANTEE = ? AND PRIVILEGE_TYPE = 'CREATE TEMPORARY TABLES') +
+  (SELECT COUNT(*) FROM information_schema.SCHEMA_PRIVILEGES
+   WHERE GRANTEE = ? AND ? LIKE TABLE_SCHEMA AND PRIVILEGE_TYPE = 'CREATE TEMPORARY TABLES')`

@@ -28,9 +28,14 @@ import (
 
 const (
 	unixEpoch = `TIMESTAMP'1970-01-01 00:00:00'`
-	// nowMicros is the engine's clock in microseconds since the Unix epoch, at the start of
-	// the statement.
-	nowMicros = `TIMESTAMPDIFF(MICROSECOND, ` + unixEpoch + `, UTC_TIMESTAMP(6))`
+	// nowMicros is the engine's clock in microseconds since the Unix epoch. It is
+	// clockAfterLockMicros, not UTC_TIMESTAMP(6): any session may SET timestamp = N, which moves
+	// NOW() and UTC_TIMESTAMP() (inside a SQL SECURITY DEFINER procedure too) but not SYSDATE(),
+	// and clockAfterLock subtracts NOW() - UTC_TIMESTAMP(), which the setting leaves unchanged.
+	// So no statement takes a time the caller chose: not a record's recorded_at, which Prune
+	// judges, not Prune's cutoff, not the clock a bumped epoch is taken from (invariant 15;
+	// TestForgedSessionTimestampIgnored).
+	nowMicros = clockAfterLockMicros
 
 	// clockAfterLock is the engine's UTC clock when it is called. SYSDATE(6) is the session's
 	// local time at the call; the session's offset from UTC, NOW(6) - UTC_TIMESTAMP(6) (both
@@ -210,7 +215,7 @@ WHERE `+leaseMatches+` AND lease_until > `+clockAfterLock)
 	// record written meanwhile by a concurrent Resolve makes it fail with a duplicate key, and
 	// the publication is rolled back and refused.
 	sqlRecordAccepted = newStmt("record_accepted", kindExec, `INSERT INTO fenced_operations (op_id, outcome, resource, epoch, generation, recorded_at)
-VALUES (:op_id, 'accepted', :resource, :epoch, :generation, UTC_TIMESTAMP(6))`)
+VALUES (:op_id, 'accepted', :resource, :epoch, :generation, `+clockAfterLock+`)`)
 
 	sqlPublish = newTx("publish",
 		newStmt("", kindExec, `UPDATE fenced_resources SET `+publishSet+` WHERE `+publishWhere),
@@ -235,7 +240,7 @@ FROM fenced_resources WHERE resource = :resource`)
 	// sqlResolve records the id as aborted unless a record exists; the no-op update leaves an
 	// existing record as it is. It is not INSERT IGNORE, which would hide other errors.
 	sqlResolve = newStmt("resolve", kindExec, `INSERT INTO fenced_operations (op_id, outcome, recorded_at)
-VALUES (:op_id, 'aborted', UTC_TIMESTAMP(6))
+VALUES (:op_id, 'aborted', `+clockAfterLock+`)
 ON DUPLICATE KEY UPDATE op_id = op_id`)
 
 	sqlReadOperation = newStmt("read_operation", kindQuery, `SELECT outcome, resource, epoch, generation, `+micros("recorded_at")+`
@@ -251,7 +256,7 @@ FROM fenced_operations WHERE op_id = :op_id`)
 WHERE lease_owner IS NOT NULL`))
 
 	sqlPrune = newStmt("prune_operations", kindExec, `DELETE FROM fenced_operations
-WHERE recorded_at < UTC_TIMESTAMP(6) - INTERVAL :age MICROSECOND`)
+WHERE recorded_at < `+clockAfterLock+` - INTERVAL :age MICROSECOND`)
 
 	// sqlSchemaVersion and sqlCheckFoundRows let Migrate check, through procedures, a schema it
 	// may not change.

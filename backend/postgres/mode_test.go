@@ -33,7 +33,7 @@ func TestModeDetection(t *testing.T) {
 	owner := openDriver(t, rawURL)
 	migrateAndAcquire(t, owner)
 	role := testRole(t, owner)
-	if err := owner.Grant(ctx, role); err != nil {
+	if err := owner.Grant(ctx, role, adminSpec); err != nil {
 		t.Fatal(err)
 	}
 	granted := openDriver(t, asRole(t, rawURL, role))
@@ -161,7 +161,7 @@ func TestIncarnationCheckOncePerStatement(t *testing.T) {
 	// A different incarnation raises although no row matches: as the owner (statements) and as
 	// a granted role (routines, whose bodies are the same statements).
 	role := testRole(t, owner)
-	if err := owner.Grant(ctx, role); err != nil {
+	if err := owner.Grant(ctx, role, adminSpec); err != nil {
 		t.Fatal(err)
 	}
 	granted := openDriver(t, asRole(t, rawURL, role))

@@ -11,7 +11,7 @@
 // without the fence, and a store connected as the role works unchanged.
 //
 // A driver whose user may update fenced_resources (the owner, typically) sends the statements
-// themselves; one that may not, but may call fenced_acquire, calls the functions. The driver
+// themselves; one that may not, but may call fenced_read, calls the functions. The driver
 // asks the server once, on its first operation, and keeps the answer when it is conclusive
 // (before Migrate there is nothing to ask about; the statements are sent and fail). The
 // function call costs 15–50% over the bare statement (docs/BENCHMARKS.md), which the owner
@@ -52,7 +52,7 @@
 //
 // fenced_meta records the server's system identifier and timeline when the schema is created
 // and at every BumpEpoch. Each lease-carrying statement compares them with the server's
-// (computed once per session) and fails with driver.ErrIncarnationChanged until BumpEpoch
+// (read from the server on every call, never cached in the session) and fails with driver.ErrIncarnationChanged until BumpEpoch
 // records the new incarnation: after a restore that changed the system identifier or a
 // promotion or point-in-time recovery that started a new timeline, no lease issued in the lost
 // history can be used, and no new one is issued under the old epoch. A restore of a file-level
@@ -326,6 +326,14 @@ func installRoutines(ctx context.Context, tx pgx.Tx) error {
 			return fmt.Errorf("drop retired routine %s: %w", sig, classify(err))
 		}
 	}
+	if len(stale) > 0 { // the routines that check prefixes read it
+		if _, err := tx.Exec(ctx, sqlGrantsTable); err != nil {
+			return fmt.Errorf("create fenced_grants: %w", classify(err))
+		}
+		if _, err := tx.Exec(ctx, "REVOKE ALL ON TABLE fenced_grants FROM PUBLIC"); err != nil {
+			return fmt.Errorf("revoke fenced_grants from public: %w", classify(err))
+		}
+	}
 	for _, r := range stale {
 		if _, err := tx.Exec(ctx, r.create(pgx.Identifier{schema}.Sanitize())); err != nil {
 			return fmt.Errorf("install routine %s: %w", r.name, classify(err))
@@ -357,10 +365,13 @@ func checkCurrent(ctx context.Context, tx pgx.Tx, latest int) error {
 }
 
 // Grant takes every right on the fenced tables away from PUBLIC and from role, and gives role
-// USAGE on the schema and EXECUTE on the operation routines (installing any that are stale
-// first). The role must exist (CREATE ROLE name LOGIN ...) and the schema must be migrated.
-// Run it as the user that migrated, the owner of the tables and routines.
-func (d *Driver) Grant(ctx context.Context, role string) error {
+// USAGE on the schema and EXECUTE on the routines spec.Access includes (installing any that are
+// stale first), revoking EXECUTE on the others, so that granting again with a lower level takes
+// rights away. It records spec.Prefixes (none: '', every resource) as the role's rows of
+// fenced_grants, which the routines check. The role must exist (CREATE ROLE name LOGIN ...) and
+// the schema must be migrated. Run it as the user that migrated, the owner of the tables and
+// routines. Everything is one transaction.
+func (d *Driver) Grant(ctx context.Context, role string, spec driver.GrantSpec) error {
 	tx, err := d.pool.BeginTx(ctx, pgx.TxOptions{IsoLevel: pgx.ReadCommitted})
 	if err != nil {
 		return classify(err)
@@ -383,6 +394,9 @@ func (d *Driver) Grant(ctx context.Context, role string) error {
 	if err := tx.QueryRow(ctx, sqlCurrentSchema).Scan(&schema); err != nil {
 		return fmt.Errorf("read current schema: %w", classify(err))
 	}
+	if _, err := tx.Exec(ctx, sqlGrantsTable); err != nil {
+		return fmt.Errorf("create fenced_grants: %w", classify(err))
+	}
 	r := pgx.Identifier{role}.Sanitize()
 	var stmts []string
 	for _, t := range fencedTables {
@@ -390,7 +404,7 @@ func (d *Driver) Grant(ctx context.Context, role string) error {
 	}
 	for _, rt := range routines {
 		stmts = append(stmts, "REVOKE ALL ON FUNCTION "+rt.signature()+" FROM PUBLIC, "+r)
-		if rt.granted {
+		if rt.granted && spec.Access.Includes(rt.access) {
 			stmts = append(stmts, "GRANT EXECUTE ON FUNCTION "+rt.signature()+" TO "+r)
 		}
 	}
@@ -402,6 +416,18 @@ func (d *Driver) Grant(ctx context.Context, role string) error {
 				return &worded{msg: fmt.Sprintf("the role %s does not exist; create it first", role), err: err}
 			}
 			return fmt.Errorf("grant to role %s: %w", role, classify(err))
+		}
+	}
+	prefixes := spec.Prefixes
+	if len(prefixes) == 0 {
+		prefixes = []string{""}
+	}
+	if _, err := tx.Exec(ctx, `DELETE FROM fenced_grants WHERE role = $1`, role); err != nil {
+		return fmt.Errorf("record prefixes of role %s: %w", role, classify(err))
+	}
+	for _, p := range prefixes {
+		if _, err := tx.Exec(ctx, `INSERT INTO fenced_grants (role, prefix) VALUES ($1, $2) ON CONFLICT DO NOTHING`, role, p); err != nil {
+			return fmt.Errorf("record prefixes of role %s: %w", role, classify(err))
 		}
 	}
 	if err := tx.Commit(ctx); err != nil {
@@ -680,11 +706,12 @@ const (
 )
 
 // sqlPrivileges tells whether this user may update fenced_resources and call the incarnation
-// check (both NULL before Migrate created them), and whether it may call fenced_acquire.
+// check (both NULL before Migrate created them), and whether it may call fenced_read, which
+// every level Grant gives includes.
 // has_table_privilege counts role memberships and grants to PUBLIC.
 const sqlPrivileges = `SELECT has_table_privilege(to_regclass('fenced_resources'), 'UPDATE')
         AND has_function_privilege(to_regprocedure('fenced_incarnation_ok()'), 'EXECUTE'),
-    has_function_privilege(to_regprocedure('fenced_acquire(text, text, bigint)'), 'EXECUTE')`
+    has_function_privilege(to_regprocedure('fenced_read(text)'), 'EXECUTE')`
 
 // direct reports whether to send the statements rather than call the routines. A user that may
 // write the tables sends the statements; one that Grant set up, which may not, calls the
@@ -724,6 +751,10 @@ type session struct {
 // a routine with a statement before (the row lock, Resolve's INSERT) is sent as a batch of the
 // statements: one round trip and one implicit transaction, as the routine's call is.
 func (c session) queryRow(ctx context.Context, rt routine, args ...any) pgx.Row {
+	return deniedRow{c.queryRowAs(ctx, rt, args...), c, rt, args}
+}
+
+func (c session) queryRowAs(ctx context.Context, rt routine, args ...any) pgx.Row {
 	if !c.direct {
 		return c.QueryRow(ctx, rt.call(), append([]any{execMode}, args...)...)
 	}
@@ -733,8 +764,40 @@ func (c session) queryRow(ctx context.Context, rt routine, args ...any) pgx.Row 
 	return c.QueryRow(ctx, rt.statement, append([]any{execMode}, args...)...)
 }
 
+// deniedRow is a row whose error, when the server refused it for lack of rights, names the
+// operation and the role (denied).
+type deniedRow struct {
+	pgx.Row
+	c    session
+	rt   routine
+	args []any
+}
+
+func (r deniedRow) Scan(dest ...any) error { return r.c.denied(r.rt, r.args, r.Row.Scan(dest...)) }
+
+// denied turns the server's refusal for lack of rights into a *driver.PermissionError naming
+// rt's operation and the user this connection logged in as: insufficient_privilege (42501,
+// a routine the role was not granted) or the prefix check's FNC02. Both are errors, so the
+// call's transaction was rolled back and nothing changed.
+func (c session) denied(rt routine, args []any, err error) error {
+	var pgErr *pgconn.PgError
+	if !errors.As(err, &pgErr) || (pgErr.Code != "42501" && pgErr.Code != sqlstatePrefix) {
+		return err
+	}
+	e := &driver.PermissionError{Role: c.Conn.Conn().Config().User, Operation: rt.op, Err: err}
+	if pgErr.Code == sqlstatePrefix && len(args) > 0 {
+		e.Resource, _ = args[0].(string)
+	}
+	return e
+}
+
 // rowCount runs rt's statement, or calls its routine, for the number of rows it changed.
 func (c session) rowCount(ctx context.Context, rt routine, args ...any) (int64, error) {
+	n, err := c.rowCountAs(ctx, rt, args...)
+	return n, c.denied(rt, args, err)
+}
+
+func (c session) rowCountAs(ctx context.Context, rt routine, args ...any) (int64, error) {
 	if !c.direct {
 		var n int64
 		err := c.QueryRow(ctx, rt.call(), append([]any{execMode}, args...)...).Scan(&n)

@@ -309,7 +309,7 @@ func grantedTarget(params map[string]string) drivertest.NewTarget {
 			t.Fatal(err)
 		}
 		role := testRole(t, admin)
-		if err := admin.Grant(testCtx(t), role); err != nil {
+		if err := admin.Grant(testCtx(t), role, adminSpec); err != nil {
 			t.Fatal(err)
 		}
 		roleURL := asRole(t, rawURL, role)
@@ -328,7 +328,7 @@ func grantedTarget(params map[string]string) drivertest.NewTarget {
 				if err := owner.Migrate(ctx); err != nil {
 					return err
 				}
-				return owner.Grant(ctx, role)
+				return owner.Grant(ctx, role, adminSpec)
 			},
 			SetEpoch:    setEpochWith(admin),
 			HoldRowLock: holdRowLock(rawURL),
@@ -357,14 +357,14 @@ func TestGrantedRoleCannotBypass(t *testing.T) {
 	if err := admin.Provision(ctx, "r"); err != nil {
 		t.Fatal(err)
 	}
-	if err := admin.Grant(ctx, "fenced_no_such_role"); err == nil || !strings.Contains(err.Error(), "does not exist") {
+	if err := admin.Grant(ctx, "fenced_no_such_role", adminSpec); err == nil || !strings.Contains(err.Error(), "does not exist") {
 		t.Fatalf("grant to a missing role: %v", err)
 	}
 	role, outsider := testRole(t, admin), testRole(t, admin)
-	if err := admin.Grant(ctx, role); err != nil {
+	if err := admin.Grant(ctx, role, adminSpec); err != nil {
 		t.Fatal(err)
 	}
-	if err := admin.Grant(ctx, role); err != nil { // idempotent
+	if err := admin.Grant(ctx, role, adminSpec); err != nil { // idempotent
 		t.Fatal(err)
 	}
 	granted := openDriver(t, asRole(t, rawURL, role))

@@ -3,6 +3,8 @@ package postgres
 import (
 	"fmt"
 	"strings"
+
+	"github.com/fenced-dev/fenced/driver"
 )
 
 // Every statement reads the clock with clock_timestamp(), the time at the moment of the call.
@@ -173,20 +175,16 @@ RETURNING epoch`
 )
 
 // checkIncarnationBody is the body of fenced_incarnation_ok(), which every lease-carrying
-// statement calls once (incarnationOK). It returns true or raises. The server's incarnation is computed once per session and kept in a
-// session setting (it cannot change under a live session, except when the server it is
-// connected to is a standby that gets promoted, so it is not kept while in recovery). The
-// recorded incarnation is read each time, so a BumpEpoch by any process takes effect at once.
+// statement calls once (incarnationOK). It returns true or raises. Both incarnations are read
+// on every call: the server's from pg_control_system() and the WAL position (about 4 µs, a read
+// of the control file), the recorded one from fenced_meta, which only the owner may write. It
+// keeps nothing in the session: a session setting, a temporary table or anything else the
+// caller's session can write would let a granted role switch the check off (invariant 15;
+// TestForgedIncarnationSettingIgnored sets the setting an earlier version cached it in).
 const checkIncarnationBody = `DECLARE
-    server   text := current_setting('fenced.server_incarnation', true);
+    server   text := ` + serverSystemIdentifier + ` || '/' || ` + serverTimeline + `;
     recorded text;
 BEGIN
-    IF server IS NULL OR server = '' THEN
-        server := ` + serverSystemIdentifier + ` || '/' || ` + serverTimeline + `;
-        IF NOT pg_is_in_recovery() THEN
-            PERFORM set_config('fenced.server_incarnation', server, false);
-        END IF;
-    END IF;
     SELECT system_identifier || '/' || timeline INTO recorded FROM fenced_meta WHERE id = 1;
     IF recorded IS DISTINCT FROM server THEN
         RAISE EXCEPTION 'the server''s incarnation % differs from % recorded at the last epoch bump', server, recorded
@@ -194,6 +192,32 @@ BEGIN
     END IF;
     RETURN true;
 END`
+
+// sqlstatePrefix is raised by a routine when the resource is outside the caller's prefixes.
+const sqlstatePrefix = "FNC02"
+
+// prefixCheck begins every routine whose first argument is a resource. The caller is
+// session_user, the role that logged in (a SECURITY DEFINER routine runs as its owner, so
+// current_user is the owner, and only a superuser can change session_user); it may use the
+// resource when a role it is a member of has a row in fenced_grants whose prefix begins the
+// name (” for every resource). fenced_grants is written only by Grant, as the owner. The
+// owner itself, which may write the tables anyway, is not checked. A role granted before
+// prefixes existed has no row and is refused: run Grant again.
+const prefixCheck = `    IF session_user <> current_user AND NOT EXISTS (
+        SELECT FROM fenced_grants g JOIN pg_catalog.pg_roles r ON r.rolname = g.role
+        WHERE pg_catalog.pg_has_role(session_user, r.oid, 'MEMBER') AND pg_catalog.starts_with($1, g.prefix)) THEN
+        RAISE EXCEPTION 'role % may not use resource %: outside the prefixes it was granted', session_user, $1
+            USING ERRCODE = '` + sqlstatePrefix + `';
+    END IF;
+`
+
+// sqlGrantsTable holds each granted role's prefixes; Grant creates it (as the owner) and
+// revokes every right on it from everyone else.
+const sqlGrantsTable = `CREATE TABLE IF NOT EXISTS fenced_grants (
+    role   text NOT NULL,
+    prefix text NOT NULL,
+    PRIMARY KEY (role, prefix)
+)`
 
 // routine is one operation as a database function. Its body is built from the statement
 // constants above, so the function and the statement are the same text: a driver that may
@@ -210,8 +234,13 @@ type routine struct {
 	statement string
 	// lockFirst runs sqlLockRow on the resource ($1) before statement, in its transaction.
 	lockFirst bool
-	// granted routines are executable by a role passed to Grant.
+	// granted routines are executable by a role passed to Grant whose level includes access.
 	granted bool
+	access  driver.Access
+	// op names the operation in a refusal for lack of rights ("bump the epoch").
+	op string
+	// resource: $1 is a resource name, checked against the caller's prefixes (prefixCheck).
+	resource bool
 }
 
 func (r routine) rows() bool { return strings.HasPrefix(r.returns, "TABLE") }
@@ -244,6 +273,9 @@ func (r routine) body() string {
 		b.WriteString("DECLARE\n    n bigint;\n")
 	}
 	b.WriteString("BEGIN\n")
+	if r.resource {
+		b.WriteString(prefixCheck)
+	}
 	if r.lockFirst {
 		b.WriteString("PERFORM" + strings.TrimPrefix(sqlLockRow, "SELECT") + ";\n")
 	}
@@ -277,35 +309,37 @@ func (r routine) create(schema string) string {
 
 var (
 	rtIncarnationOK = routine{name: "fenced_incarnation_ok", params: "", returns: "boolean"}
-	rtProvision     = routine{name: "fenced_provision", params: "text", returns: "bigint", statement: sqlProvision, granted: true}
-	rtAcquire       = routine{name: "fenced_acquire", params: "text, text, bigint",
+	rtProvision     = routine{name: "fenced_provision", params: "text", returns: "bigint", statement: sqlProvision,
+		granted: true, access: driver.AccessAdmin, op: "provision", resource: true}
+	rtAcquire = routine{name: "fenced_acquire", params: "text, text, bigint",
 		returns:   "TABLE (o_acquired boolean, o_epoch bigint, o_generation bigint, o_lease_until timestamptz, o_seen_free boolean)",
-		statement: sqlAcquire, granted: true}
+		statement: sqlAcquire, granted: true, access: driver.AccessWorker, op: "acquire", resource: true}
 	rtRenew = routine{name: "fenced_renew", params: "text, text, bigint, bigint, bigint",
-		returns: "TABLE (o_lease_until timestamptz)", statement: sqlRenew, lockFirst: true, granted: true}
+		returns: "TABLE (o_lease_until timestamptz)", statement: sqlRenew, lockFirst: true, granted: true, access: driver.AccessWorker, op: "renew", resource: true}
 	rtPublish = routine{name: "fenced_publish", params: "text, text, bigint, bigint, bytea, bigint, text",
-		returns: "bigint", statement: sqlPublish, lockFirst: true, granted: true}
+		returns: "bigint", statement: sqlPublish, lockFirst: true, granted: true, access: driver.AccessWorker, op: "publish", resource: true}
 	rtPublishAndRelease = routine{name: "fenced_publish_and_release", params: "text, text, bigint, bigint, bytea, bigint, text",
-		returns: "bigint", statement: sqlPublishAndRelease, lockFirst: true, granted: true}
+		returns: "bigint", statement: sqlPublishAndRelease, lockFirst: true, granted: true, access: driver.AccessWorker, op: "publish", resource: true}
 	rtRelease = routine{name: "fenced_release", params: "text, text, bigint, bigint",
-		returns: "bigint", statement: sqlRelease, granted: true}
+		returns: "bigint", statement: sqlRelease, granted: true, access: driver.AccessWorker, op: "release", resource: true}
 	rtRead = routine{name: "fenced_read", params: "text",
 		returns: "TABLE (o_epoch bigint, o_generation bigint, o_lease_owner text, o_lease_until timestamptz, " +
 			"o_published_epoch bigint, o_published_generation bigint, o_published_at timestamptz, " +
 			"o_source_version bigint, o_payload_size bigint, o_current_epoch bigint, o_now timestamptz)",
-		statement: sqlRead, granted: true}
+		statement: sqlRead, granted: true, access: driver.AccessReader, op: "read", resource: true}
 	rtReadPayload = routine{name: "fenced_read_payload", params: "text",
-		returns: "TABLE (o_published_generation bigint, o_payload bytea)", statement: sqlReadPayload, granted: true}
+		returns: "TABLE (o_published_generation bigint, o_payload bytea)", statement: sqlReadPayload, granted: true, access: driver.AccessReader, op: "read", resource: true}
 	operationColumns = "TABLE (o_outcome text, o_resource text, o_epoch bigint, o_generation bigint, o_recorded_at timestamptz)"
 	rtResolve        = routine{name: "fenced_resolve", params: "text", returns: operationColumns,
-		before: sqlRecordAborted, statement: sqlReadOperation, granted: true}
+		before: sqlRecordAborted, statement: sqlReadOperation, granted: true, access: driver.AccessWorker, op: "resolve an operation"}
 	rtReadOperation = routine{name: "fenced_read_operation", params: "text", returns: operationColumns,
-		statement: sqlReadOperation, granted: true}
+		statement: sqlReadOperation, granted: true, access: driver.AccessReader, op: "read an operation"}
 	rtBumpEpoch = routine{name: "fenced_bump_epoch", params: "", returns: "TABLE (o_epoch bigint)",
-		statement: sqlBumpEpoch, granted: true}
-	rtPrune         = routine{name: "fenced_prune", params: "bigint", returns: "bigint", statement: sqlPrune, granted: true}
+		statement: sqlBumpEpoch, granted: true, access: driver.AccessAdmin, op: "bump the epoch"}
+	rtPrune = routine{name: "fenced_prune", params: "bigint", returns: "bigint", statement: sqlPrune,
+		granted: true, access: driver.AccessAdmin, op: "prune operation records"}
 	rtSchemaVersion = routine{name: "fenced_schema_version", params: "", returns: "TABLE (o_version integer)",
-		statement: sqlSchemaVersion, granted: true}
+		statement: sqlSchemaVersion, granted: true, access: driver.AccessReader, op: "read the schema version"}
 
 	// routines are installed in this order (fenced_incarnation_ok before its callers).
 	routines = []routine{rtIncarnationOK, rtProvision, rtAcquire, rtRenew, rtPublish, rtPublishAndRelease,
@@ -317,7 +351,7 @@ var (
 	retiredRoutines = []string{"fenced_check_incarnation()"}
 
 	// fencedTables are the tables a granted role may not touch directly.
-	fencedTables = []string{"fenced_resources", "fenced_operations", "fenced_meta", "fenced_schema_migrations"}
+	fencedTables = []string{"fenced_resources", "fenced_operations", "fenced_meta", "fenced_schema_migrations", "fenced_grants"}
 )
 
 // Migration and grant statements. The lock key is one constant for every schema: migrations
