@@ -31,7 +31,8 @@ var ErrGrantInDBO = errors.New("refusing to restrict a role on schema dbo, which
 //     version (see routines in sql.go);
 //   - the role is created (CREATE ROLE) when no database principal has that name; a built-in
 //     principal (public, dbo, guest, sys, INFORMATION_SCHEMA, a fixed role) is refused;
-//   - GRANT EXECUTE on each procedure, SELECT on fenced_schema_migrations and VIEW DEFINITION
+//   - GRANT EXECUTE on each procedure spec.Access includes (REVOKE on the others, so that
+//     granting again with a lower level takes rights away), SELECT on fenced_schema_migrations and VIEW DEFINITION
 //     on the schema, so that Migrate, which fenced.New runs, sees the schema, its tables and
 //     its version (metadata is hidden from a principal without a permission on it) and finds
 //     it up to date;
@@ -59,9 +60,12 @@ var ErrGrantInDBO = errors.New("refusing to restrict a role on schema dbo, which
 //
 // Grant refuses schema dbo (ErrGrantInDBO). Everything runs in one transaction: it is all
 // installed, or none of it.
-func (d *Driver) Grant(ctx context.Context, role string) (err error) {
+func (d *Driver) Grant(ctx context.Context, role string, spec driver.GrantSpec) (err error) {
 	if d.refused != nil {
 		return d.refused
+	}
+	if len(spec.Prefixes) > 0 {
+		return fmt.Errorf("grant %s: prefixes are not supported on SQL Server yet; grant without --prefix", role)
 	}
 	if !roleName.MatchString(role) {
 		return fmt.Errorf("grant: role %q is not a plain identifier (letters, digits, underscores)", role)
@@ -81,7 +85,7 @@ func (d *Driver) Grant(ctx context.Context, role string) (err error) {
 	if err := d.installProcedures(ctx, tx); err != nil {
 		return err
 	}
-	if _, err := tx.ExecContext(ctx, grantBatch(d.sql, d.schema, role), sql.Named("role", role)); err != nil {
+	if _, err := tx.ExecContext(ctx, grantBatch(d.sql, d.schema, role, spec.Access), sql.Named("role", role)); err != nil {
 		return translate("grant to "+role, err)
 	}
 	if err := tx.Commit(); err != nil {
@@ -92,7 +96,7 @@ func (d *Driver) Grant(ctx context.Context, role string) (err error) {
 
 // grantBatch is the batch that creates role if needed and sets its permissions. Identifiers
 // are bracket-quoted (quoteName); @role is a parameter wherever T-SQL allows one.
-func grantBatch(s statements, schema, role string) string {
+func grantBatch(s statements, schema, role string, level driver.Access) string {
 	r := quoteName(role)
 	var b strings.Builder
 	b.WriteString(`SET XACT_ABORT ON;
@@ -102,8 +106,12 @@ IF EXISTS (SELECT 1 FROM sys.database_principals
 IF DATABASE_PRINCIPAL_ID(@role) IS NULL
     CREATE ROLE ` + r + `;
 `)
-	for _, p := range s.procedure {
-		b.WriteString("GRANT EXECUTE ON OBJECT::" + p + " TO " + r + ";\n")
+	for o, p := range s.procedure {
+		if level.Includes(access[o]) {
+			b.WriteString("GRANT EXECUTE ON OBJECT::" + p + " TO " + r + ";\n")
+		} else { // granting a lower level takes the rest away
+			b.WriteString("REVOKE EXECUTE ON OBJECT::" + p + " FROM " + r + ";\n")
+		}
 	}
 	b.WriteString("GRANT SELECT ON OBJECT::" + s.table["fenced_schema_migrations"] + " TO " + r + ";\n")
 	b.WriteString("GRANT VIEW DEFINITION ON SCHEMA::" + quoteName(schema) + " TO " + r + ";\n")

@@ -254,7 +254,7 @@ func TestLegacyDriverNameIsRefused(t *testing.T) {
 			t.Errorf("%s: %v", what, err)
 		}
 	}
-	if err := d.Grant(c, "r"); !errors.Is(err, ErrLegacyDriver) {
+	if err := d.Grant(c, "r", driver.GrantSpec{}); !errors.Is(err, ErrLegacyDriver) {
 		t.Fatalf("grant: %v", err)
 	}
 	if _, err := fenced.New(c, d, nil); !errors.Is(err, ErrLegacyDriver) {
@@ -336,7 +336,7 @@ func TestGrantSendsProceduresThenPermissions(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := d.Grant(ctxT(t), "fenced_app"); err != nil {
+	if err := d.Grant(ctxT(t), "fenced_app", driver.GrantSpec{Access: driver.AccessAdmin}); err != nil {
 		t.Fatal(err)
 	}
 	calls := rec.Calls()
@@ -383,7 +383,7 @@ DENY ALTER ON SCHEMA::[app_locks] TO [fenced_app];`
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := d.Grant(ctxT(t), "fenced_app"); err == nil || !strings.Contains(err.Error(), "create procedure fenced_acquire") {
+	if err := d.Grant(ctxT(t), "fenced_app", driver.GrantSpec{Access: driver.AccessAdmin}); err == nil || !strings.Contains(err.Error(), "create procedure fenced_acquire") {
 		t.Fatalf("grant without permission: %v", err)
 	}
 	if calls := rec.Calls(); calls[len(calls)-1].kind != "rollback" {
@@ -396,7 +396,7 @@ DENY ALTER ON SCHEMA::[app_locks] TO [fenced_app];`
 func TestGrantRefusesSchemaDBO(t *testing.T) {
 	rec, db := newRecorder(t)
 	for _, d := range []*Driver{New(db), must(NewWithConfig(db, &Config{Schema: "DBO"}))} {
-		err := d.Grant(ctxT(t), "fenced_app")
+		err := d.Grant(ctxT(t), "fenced_app", driver.GrantSpec{Access: driver.AccessAdmin})
 		if !errors.Is(err, ErrGrantInDBO) || !strings.Contains(err.Error(), "schema of its own") {
 			t.Errorf("grant on %s: %v", d.Schema(), err)
 		}
@@ -417,7 +417,7 @@ func TestGrantRefusesBadRoleNames(t *testing.T) {
 	rec, db := newRecorder(t)
 	d := must(NewWithConfig(db, &Config{Schema: "app"}))
 	for _, role := range []string{"", "a]b", "a b", "1role", "x;DROP TABLE y", "[r]", "é", strings.Repeat("r", 64)} {
-		if err := d.Grant(ctxT(t), role); err == nil {
+		if err := d.Grant(ctxT(t), role, driver.GrantSpec{Access: driver.AccessAdmin}); err == nil {
 			t.Errorf("role %q accepted", role)
 		}
 	}

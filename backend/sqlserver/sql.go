@@ -40,8 +40,10 @@ const leaseEnd = `DATEADD(second, @ttl_s, DATEADD(microsecond, @ttl_us, SYSUTCDA
 // a SELECT, which then leaves the connection inside a transaction for the next statement)
 // would open a transaction that nobody commits, and an acknowledged change would be rolled
 // back when the connection is reset. Settings made in a parameterized batch (sp_executesql) or
-// in a procedure revert when it ends.
-const autocommit = "SET NOCOUNT OFF; SET IMPLICIT_TRANSACTIONS OFF;\n"
+// in a procedure revert when it ends. SET ROWCOUNT n, which a caller's session can set and a
+// procedure inherits, would stop an UPDATE or DELETE after n rows: BumpEpoch would free only
+// some leases. So it is reset too.
+const autocommit = "SET NOCOUNT OFF; SET IMPLICIT_TRANSACTIONS OFF; SET ROWCOUNT 0;\n"
 
 // writes follows autocommit in every batch that changes something, so that an error reply
 // proves the change did not happen (see classify). With XACT_ABORT OFF (the default) many
@@ -389,6 +391,22 @@ var routines = [numOps]routine{
 	opReadOperation:     {"fenced_read_operation", tmplReadOperation, "@op_id NVARCHAR(4000)"},
 	opBumpEpoch:         {"fenced_bump_epoch", tmplBumpEpoch, ""},
 	opPrune:             {"fenced_prune_operations", tmplPrune, "@age_s INT, @age_us INT"},
+}
+
+// access is the level Grant requires for each operation (see driver.Access).
+var access = [numOps]driver.Access{
+	opProvision:         driver.AccessAdmin,
+	opAcquire:           driver.AccessWorker,
+	opRenew:             driver.AccessWorker,
+	opPublish:           driver.AccessWorker,
+	opPublishAndRelease: driver.AccessWorker,
+	opRelease:           driver.AccessWorker,
+	opRead:              driver.AccessReader,
+	opReadPayload:       driver.AccessReader,
+	opResolve:           driver.AccessWorker,
+	opReadOperation:     driver.AccessReader,
+	opBumpEpoch:         driver.AccessAdmin,
+	opPrune:             driver.AccessAdmin,
 }
 
 // tables are the tables fenced keeps in its schema, by placeholder.

@@ -123,11 +123,11 @@ func TestStatementsHoldTheProtocolConditions(t *testing.T) {
 	if strconv.Itoa(pruneBatch) != pruneBatchText {
 		t.Errorf("pruneBatch %d, text %s", pruneBatch, pruneBatchText)
 	}
-	// Every statement undoes NOCOUNT and IMPLICIT_TRANSACTIONS; every one that writes also
+	// Every statement undoes NOCOUNT, IMPLICIT_TRANSACTIONS and ROWCOUNT; every one that writes also
 	// turns XACT_ABORT on and pins the isolation level, before anything else.
 	for o, text := range s.text {
-		if !strings.HasPrefix(text, "SET NOCOUNT OFF; SET IMPLICIT_TRANSACTIONS OFF;\n") {
-			t.Errorf("%s does not start with SET NOCOUNT OFF; SET IMPLICIT_TRANSACTIONS OFF:\n%s", routines[o].procedure, text)
+		if !strings.HasPrefix(text, "SET NOCOUNT OFF; SET IMPLICIT_TRANSACTIONS OFF; SET ROWCOUNT 0;\n") {
+			t.Errorf("%s does not start with SET NOCOUNT OFF; SET IMPLICIT_TRANSACTIONS OFF; SET ROWCOUNT 0:\n%s", routines[o].procedure, text)
 		}
 		reads := op(o) == opRead || op(o) == opReadPayload || op(o) == opReadOperation
 		xact := strings.HasPrefix(text, autocommit+"SET XACT_ABORT ON; SET TRANSACTION ISOLATION LEVEL READ COMMITTED;\n")

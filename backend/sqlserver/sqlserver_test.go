@@ -157,7 +157,7 @@ func newRole(t *testing.T, admin *Driver, schemaURL string) (role, roleURL strin
 	defer cancel()
 	suffix := strings.ToLower(rand.Text()[:12])
 	role, login, password := "fenced_r_"+suffix, "fenced_l_"+suffix, rand.Text()+"aA1!"
-	if err := admin.Grant(ctx, role); err != nil {
+	if err := admin.Grant(ctx, role, driver.GrantSpec{Access: driver.AccessAdmin}); err != nil {
 		t.Fatalf("grant %s: %v", role, err)
 	}
 	for _, stmt := range []string{

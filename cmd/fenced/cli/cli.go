@@ -42,7 +42,7 @@ func Main(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io
 		}
 		err = &usageError{msg: err.Error() + hint}
 	}
-	fmt.Fprintln(stderr, sentence(err))
+	fmt.Fprintln(stderr, a.redact(sentence(err)))
 	return exitCode(err)
 }
 

@@ -49,7 +49,7 @@ func grantedPostgres(t *testing.T) target {
 		pgExec(t, owner.url, "DROP OWNED BY "+role)
 		pgExec(t, owner.url, "DROP ROLE "+role)
 	})
-	owner.ok(nil, "grant", "--role", role)
+	owner.ok(nil, "grant", "--role", role, "--as", "admin")
 	u, err := url.Parse(owner.url)
 	if err != nil {
 		t.Fatal(err)

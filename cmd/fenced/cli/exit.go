@@ -19,6 +19,7 @@ const (
 	ExitRefused     = 5 // the lease presented is not current; nothing changed
 	ExitUnknown     = 6 // the request may have reached the database but no answer came back
 	ExitViolations  = 7 // fenced torture found violations of the protocol's invariants
+	ExitDenied      = 8 // the database refused the operation to this role (fenced grant); nothing changed
 )
 
 // exitCodesHelp is printed under every command's help.
@@ -38,6 +39,9 @@ const exitCodesHelp = `Exit codes:
   6  outcome unknown: the request may have reached the database but the reply was lost;
      for publish, "fenced resolve ID" settles it
   7  torture found violations
+  8  permission denied: the database refused the operation to the role connected (not
+     granted to it by "fenced grant --as", or the resource is outside its --prefix);
+     nothing changed
   run passes on the exit code of a command that failed`
 
 // usageError is input that was rejected before anything was sent to the database.
@@ -66,6 +70,8 @@ func exitCode(err error) int {
 		return command.code
 	case errors.As(err, &usage), errors.Is(err, fenced.ErrInvalid):
 		return ExitUsage
+	case errors.Is(err, fenced.ErrPermissionDenied):
+		return ExitDenied
 	case errors.Is(err, fenced.ErrBusy):
 		return ExitBusy
 	case errors.Is(err, fenced.ErrNotProvisioned), errors.Is(err, fenced.ErrNothingPublished),

@@ -69,29 +69,57 @@ workers first where you can; the bump makes their writes fail either way.`,
 }
 
 func (a *app) grantCmd() *cobra.Command {
-	var role string
+	var (
+		role, as string
+		prefixes []string
+	)
 	cmd := &cobra.Command{
-		Use:   "grant --role NAME",
-		Short: "Let a database role use the protocol and nothing else on fenced's tables",
+		Use:   "grant --role NAME [--as worker|reader|admin] [--prefix P]...",
+		Short: "Let a database role use the protocol, at a level, and nothing else on fenced's tables",
 		Long: `Install the protocol as database routines and grant the existing role NAME the right to
-execute them and nothing else on fenced's tables (PostgreSQL: SECURITY DEFINER functions;
-MariaDB/MySQL: SQL SECURITY DEFINER procedures; SQL Server: procedures). Code connected as
-that role can then only write through the fence; a store connected as it works unchanged.
-Run it connected as the tables' owner. Not available for SQLite, etcd or Redis (exit 2).`,
+execute those its level includes, and nothing else on fenced's tables (PostgreSQL: SECURITY
+DEFINER functions; MariaDB/MySQL: SQL SECURITY DEFINER procedures; SQL Server: procedures).
+Code connected as that role can then only write through the fence; a store connected as it
+works unchanged. Run it connected as the tables' owner. Not available for SQLite, etcd or
+Redis (exit 2).
+
+Levels (--as, default worker):
+  reader  show, get; nothing that writes
+  worker  acquire, renew, publish, release, resolve, and what a reader may
+  admin   provision, epoch bump, prune, and what a worker may
+Provision is an admin's: it decides which resources exist. Granting a role again with
+another level revokes what the new level does not include.
+
+--prefix (repeatable) limits the role to resources whose names start with one of the
+prefixes, checked by the database inside the routines (PostgreSQL, MariaDB/MySQL); without
+it, every resource. Granting again replaces the prefixes.
+
+An operation the role was not granted is refused by the database with one sentence naming
+the operation and the role, and exit code 8; nothing changes.`,
 		Args: cobra.NoArgs,
 		RunE: a.run(func(cmd *cobra.Command, _ []string) error {
+			level, err := fenced.ParseAccess(as)
+			if err != nil {
+				return usagef("--as %q is not a level; use worker, reader or admin", as)
+			}
 			s, err := a.open(cmd)
 			if err != nil {
 				return err
 			}
 			defer s.Close()
-			if err := s.Grant(cmd.Context(), role); err != nil {
+			if err := s.Grant(cmd.Context(), role, &fenced.GrantOptions{Access: level, Prefixes: prefixes}); err != nil {
 				return err
 			}
-			return a.print(map[string]any{"granted": role})
+			out := map[string]any{"granted": role, "as": level.String()}
+			if len(prefixes) > 0 {
+				out["prefixes"] = prefixes
+			}
+			return a.print(out)
 		}),
 	}
 	cmd.Flags().StringVar(&role, "role", "", "the database role to grant (required)")
+	cmd.Flags().StringVar(&as, "as", "worker", "the level: worker, reader or admin")
+	cmd.Flags().StringArrayVar(&prefixes, "prefix", nil, "limit the role to resources starting with this prefix (repeatable)")
 	_ = cmd.MarkFlagRequired("role")
 	return cmd
 }

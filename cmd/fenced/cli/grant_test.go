@@ -1,0 +1,149 @@
+package cli_test
+
+import (
+	"context"
+	"crypto/rand"
+	"net/url"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/fenced-dev/fenced/backend/mysql"
+	"github.com/fenced-dev/fenced/backend/redis"
+	"github.com/fenced-dev/fenced/cmd/fenced/cli"
+)
+
+// TestGrantLevelsCLI: "fenced grant --as" on PostgreSQL and MariaDB, after an epoch bump. A
+// worker acquires and cannot bump, prune or provision (exit 8, one sentence naming the role
+// and the operation); granted again as reader it cannot acquire; as admin it bumps; limited
+// to a prefix it cannot acquire outside it. The output and every error leave the role's
+// password out.
+func TestGrantLevelsCLI(t *testing.T) {
+	for _, engine := range []string{"postgres", "mysql"} {
+		t.Run(engine, func(t *testing.T) {
+			t.Parallel()
+			var owner target
+			var role, roleURL, password string
+			switch engine {
+			case "postgres":
+				owner = target{t: t, url: postgresSchema(t), dir: t.TempDir()}
+				role = "fenced_cli_role_" + strings.ToLower(rand.Text()[:12])
+				pgExec(t, owner.url, "CREATE ROLE "+role+" LOGIN")
+				t.Cleanup(func() {
+					pgExec(t, owner.url, "DROP OWNED BY "+role)
+					pgExec(t, owner.url, "DROP ROLE "+role)
+				})
+				roleURL = withUser(t, owner.url, url.User(role))
+			case "mysql":
+				owner = target{t: t, url: mysqlDatabase(t), dir: t.TempDir()}
+				role = "fenced_cli_role_" + strings.ToLower(rand.Text()[:12])
+				password = "Pw-" + rand.Text()
+				mysqlExec(t, owner.url, "CREATE USER '"+role+"'@'%' IDENTIFIED BY '"+password+"'")
+				t.Cleanup(func() { mysqlExec(t, owner.url, "DROP USER IF EXISTS '"+role+"'@'%'") })
+				roleURL = withUser(t, owner.url, url.UserPassword(role, password))
+			}
+			owner.ok(nil, "migrate")
+			owner.ok(nil, "epoch", "bump")
+			owner.ok(nil, "provision", "team a/ü x", "b/x")
+			if msg := owner.fails(2, nil, "grant", "--role", role, "--as", "boss"); !strings.Contains(msg, `"boss" is not a level`) {
+				t.Fatalf("grant --as boss: %q", msg)
+			}
+			if out := string(owner.ok(nil, "grant", "--role", role)); out != `{"as":"worker","granted":"`+role+`"}`+"\n" {
+				t.Fatalf("grant printed %q", out)
+			}
+			w := target{t: t, url: roleURL, dir: owner.dir}
+			l := w.acquire("team a/ü x", "1m")
+			if l.Epoch == l.Generation {
+				t.Fatal("epoch equals generation")
+			}
+			w.ok(nil, "release", "team a/ü x", "--owner", l.Owner, "--token", l.Token)
+			for _, c := range []struct {
+				args []string
+				op   string
+			}{
+				{[]string{"epoch", "bump"}, "bump the epoch"},
+				{[]string{"prune", "--older-than", "8808h"}, "prune"},
+				{[]string{"provision", "new"}, "provision"},
+			} {
+				msg := w.fails(cli.ExitDenied, nil, c.args...)
+				if !strings.Contains(msg, "role "+role) || !strings.Contains(msg, c.op) {
+					t.Errorf("%v as a worker: %q does not name the role and %q", c.args, msg, c.op)
+				}
+				if password != "" && strings.Contains(msg, password) {
+					t.Errorf("%v printed the password: %q", c.args, msg)
+				}
+			}
+			before := owner.show("b/x")
+
+			owner.ok(nil, "grant", "--role", role, "--as", "reader")
+			w.show("team a/ü x")
+			if msg := w.fails(cli.ExitDenied, nil, "acquire", "b/x", "--ttl", "1m"); !strings.Contains(msg, "may not acquire") {
+				t.Errorf("acquire as a reader: %q", msg)
+			}
+
+			owner.ok(nil, "grant", "--role", role, "--as", "worker", "--prefix", "team a/")
+			w.acquire("team a/ü x", "1m")
+			if msg := w.fails(cli.ExitDenied, nil, "acquire", "b/x", "--ttl", "1m"); !strings.Contains(msg, "outside the prefixes") {
+				t.Errorf("acquire outside the prefix: %q", msg)
+			}
+			if after := owner.show("b/x"); after.Generation != before.Generation || after.Owner != nil {
+				t.Fatalf("a refused acquisition changed b/x: %+v -> %+v", before, after)
+			}
+
+			owner.ok(nil, "grant", "--role", role, "--as", "admin")
+			w.ok(nil, "epoch", "bump")
+		})
+	}
+}
+
+// TestURLSecretsNeverPrinted: a wrong password, and URLs too malformed to open, fail with a
+// sentence that does not contain the password (the driver's own message sometimes does: the
+// first case checks that, so the test can tell).
+func TestURLSecretsNeverPrinted(t *testing.T) {
+	const secret = "S3cr3t-Pw%21x"
+	decoded := "S3cr3t-Pw!x"
+	// The library's own message carries the URL, password included: what the command must hide.
+	if _, err := redis.Open("redis://u:" + secret + "@127.0.0.1:notaport/0"); err == nil || !strings.Contains(err.Error(), secret) {
+		t.Fatalf("redis.Open's error does not carry the password (%v): the test cannot tell", err)
+	}
+	for _, db := range []string{
+		"postgres://u:" + secret + "@127.0.0.1:notaport/db",
+		"mysql://u:" + secret + "@127.0.0.1:notaport/db",
+		"redis://u:" + secret + "@127.0.0.1:notaport/0",
+		"etcd://u:" + secret + "@/",
+		"etcds://u:" + secret + "@127.0.0.1:1/?ca=/nonexistent/ca.pem",
+		"sqlserver://u:" + secret + "@127.0.0.1:notaport?database=x",
+		"mysql://root:" + secret + "@127.0.0.1:3306/db",
+		"redis://127.0.0.1:1/0?password=" + secret,
+	} {
+		r := runIn(t, t.TempDir(), db, nil, "show", "x")
+		if r.code == 0 || strings.Contains(r.stderr, secret) || strings.Contains(r.stderr, decoded) {
+			t.Errorf("%s: exit %d, stderr %q", strings.SplitN(db, ":", 2)[0], r.code, r.stderr)
+		}
+		checkSentence(t, r.stderr)
+	}
+}
+
+func withUser(t *testing.T, rawURL string, user *url.Userinfo) string {
+	t.Helper()
+	u, err := url.Parse(rawURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	u.User = user
+	return u.String()
+}
+
+func mysqlExec(t *testing.T, rawURL, stmt string) {
+	t.Helper()
+	d, err := mysql.Open(rawURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer d.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if _, err := d.DB().ExecContext(ctx, stmt); err != nil {
+		t.Errorf("%s: %v", stmt, err)
+	}
+}
