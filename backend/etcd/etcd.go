@@ -62,7 +62,6 @@ import (
 	"errors"
 	"fmt"
 	"math"
-	"net/url"
 	"strconv"
 	"strings"
 	"time"
@@ -137,35 +136,35 @@ func New(client *clientv3.Client, opts *Options) *Driver {
 	return d
 }
 
-// Open connects to the cluster named by a URL of the form
-// etcd://host:port[,host:port...][?prefix=/my/prefix/], over plain gRPC without TLS or
-// authentication (create the client yourself and use New for those). The driver owns the
-// client and closes it in Close.
+// Open connects to the cluster named by a URL:
+//
+//	etcd://[user:password@]host:port[,host:port...][?prefix=/my/prefix/]
+//	etcds://[user:password@]host:port[,...]?[ca=FILE][&cert=FILE&key=FILE][&server_name=NAME][&prefix=...]
+//
+// etcd:// is plain gRPC; etcds:// is TLS, verifying the servers against ca (default: the
+// system's roots) and presenting the client certificate cert/key when given. user and password
+// log in to etcd's authentication; a wrong one is an error from Open. A TLS failure (an
+// unknown CA, a refused client certificate) is an error of the first operation, which never
+// falls back to plain text. Errors never repeat the URL, which may hold a password. The
+// driver owns the client and closes it in Close.
 func Open(rawURL string) (*Driver, error) {
-	u, err := url.Parse(rawURL)
+	c, err := parseURL(rawURL)
 	if err != nil {
-		return nil, fmt.Errorf("open etcd: parse url: %w", err)
-	}
-	if u.Scheme != "etcd" || u.Host == "" {
-		return nil, fmt.Errorf("open etcd: %q is not etcd://host:port[,host:port...]", rawURL)
-	}
-	var endpoints []string
-	for ep := range strings.SplitSeq(u.Host, ",") {
-		if ep == "" {
-			return nil, fmt.Errorf("open etcd: %q has an empty endpoint", rawURL)
-		}
-		endpoints = append(endpoints, ep)
+		return nil, fmt.Errorf("open etcd: %w", err)
 	}
 	cli, err := clientv3.New(clientv3.Config{
-		Endpoints:   endpoints,
+		Endpoints:   c.endpoints,
 		DialTimeout: 5 * time.Second,
 		Logger:      zap.NewNop(), // failures reach the caller as errors
 		DialOptions: DialOptions(),
+		TLS:         c.tls,
+		Username:    c.username,
+		Password:    c.password,
 	})
 	if err != nil {
-		return nil, fmt.Errorf("open etcd %s: %w", u.Host, err)
+		return nil, fmt.Errorf("open etcd %s: %w", strings.Join(c.endpoints, ","), diagnose(c, err))
 	}
-	d := New(cli, &Options{Prefix: u.Query().Get("prefix")})
+	d := New(cli, &Options{Prefix: c.prefix})
 	d.owned = true
 	return d, nil
 }

@@ -16,7 +16,7 @@ import (
 // defaultDB is used when neither --db nor FENCED_DB is set: a file in the current directory.
 const defaultDB = "sqlite:fenced.db"
 
-const schemes = "sqlite:PATH, postgres://, mysql://, sqlserver://, etcd://host:port[,host:port] or redis://"
+const schemes = "sqlite:PATH, postgres://, mysql://, sqlserver://, etcd://host:port[,host:port], etcds:// (TLS), redis:// or rediss:// (TLS)"
 
 // dbHelp describes the URL forms in the help text.
 const dbHelp = `database URL: ` + schemes + ` (default: $FENCED_DB, else sqlite:fenced.db)`
@@ -36,7 +36,7 @@ func openDriver(ctx context.Context, url string) (driver.Driver, error) {
 		return mysql.Open(url)
 	case "sqlserver":
 		return sqlserver.Open(url)
-	case "etcd":
+	case "etcd", "etcds":
 		return etcd.Open(url)
 	case "redis", "rediss":
 		return redis.Open(url)
