@@ -124,6 +124,10 @@ func New(client goredis.UniversalClient, opts *Options) *Driver {
 func Open(rawURL string) (*Driver, error) {
 	u, err := url.Parse(rawURL)
 	if err != nil {
+		var ue *url.Error
+		if errors.As(err, &ue) {
+			err = ue.Err // url.Error repeats the whole URL, password included
+		}
 		return nil, fmt.Errorf("open redis: parse url: %w", err)
 	}
 	q := u.Query()
