@@ -124,6 +124,10 @@ func Open(rawURL string) (*Driver, error) {
 func parseURL(rawURL string) (*mysql.Config, error) {
 	u, err := url.Parse(rawURL)
 	if err != nil {
+		var ue *url.Error
+		if errors.As(err, &ue) {
+			err = ue.Err // url.Error repeats the whole URL, password included
+		}
 		return nil, fmt.Errorf("parse mysql url: %w", err)
 	}
 	if u.Scheme != "mysql" && u.Scheme != "mariadb" {
@@ -134,6 +138,11 @@ func parseURL(rawURL string) (*mysql.Config, error) {
 		return nil, fmt.Errorf("parse mysql url: clientFoundRows=%s; fenced needs matched rows (true)", v)
 	}
 	q.Del("clientFoundRows")
+	// tls=preferred uses TLS only when the server offers it, and plain text otherwise: a URL
+	// that asks for TLS must never end up in plain text.
+	if strings.EqualFold(q.Get("tls"), "preferred") {
+		return nil, errors.New("parse mysql url: tls=preferred falls back to plain text; use tls=true (verified) or tls=skip-verify")
+	}
 	if !q.Has("interpolateParams") {
 		q.Set("interpolateParams", "true")
 	}

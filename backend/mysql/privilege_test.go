@@ -352,3 +352,34 @@ func TestForgedSessionTimestampIgnored(t *testing.T) {
 		t.Fatalf("the bumped epoch is the clock at %v, the session's forged time", at)
 	}
 }
+
+// TestURLTLSAndSecrets: tls=preferred (which may fall back to plain text) is refused; tls=true
+// against a server without TLS is an error, not a plain-text connection; a malformed URL's
+// error does not repeat its password.
+func TestURLTLSAndSecrets(t *testing.T) {
+	t.Parallel()
+	const secret = "S3cr3t-pw"
+	if _, err := mysql.Open("mysql://u:" + secret + "@127.0.0.1:notaport/db"); err == nil || strings.Contains(err.Error(), secret) {
+		t.Errorf("malformed URL: %v", err)
+	}
+	if _, err := mysql.Open("mysql://u:" + secret + "@127.0.0.1/db?tls=preferred"); err == nil || !strings.Contains(err.Error(), "plain text") {
+		t.Errorf("tls=preferred: %v", err)
+	}
+	dbURL := mysql.CreateTestDatabase(t)
+	var haveTLS string
+	owner := open(t, dbURL)
+	if err := owner.DB().QueryRowContext(testCtx(t), "SELECT @@have_ssl").Scan(&haveTLS); err != nil {
+		t.Fatal(err)
+	}
+	d := open(t, mysql.WithParam(t, dbURL, "tls", "true"))
+	err := d.DB().PingContext(testCtx(t))
+	if haveTLS != "YES" {
+		if err == nil || !strings.Contains(strings.ToLower(err.Error()), "tls") {
+			t.Fatalf("tls=true against a server without TLS: %v, want a TLS error", err)
+		}
+		return
+	}
+	if err == nil { // a server with TLS: its certificate must verify against the system's roots
+		t.Log("the server offers TLS and its certificate verified")
+	}
+}
