@@ -77,6 +77,15 @@ func TestGrantLevelsCLI(t *testing.T) {
 
 			owner.ok(nil, "grant", "--role", role, "--as", "reader")
 			w.show("team a/ü x")
+			if out := string(w.ok(nil, "resolve", "--read-only", "no-such-op")); out != `{"op_id":"no-such-op","outcome":"unknown"}`+"\n" {
+				t.Errorf("resolve --read-only as a reader: %q", out)
+			}
+			if msg := w.fails(cli.ExitDenied, nil, "resolve", "no-such-op"); !strings.Contains(msg, "resolve") {
+				t.Errorf("resolve as a reader: %q", msg)
+			}
+			if out := string(owner.ok(nil, "resolve", "--read-only", "no-such-op")); !strings.Contains(out, `"unknown"`) {
+				t.Errorf("a refused resolve recorded the id: %q", out)
+			}
 			if msg := w.fails(cli.ExitDenied, nil, "acquire", "b/x", "--ttl", "1m"); !strings.Contains(msg, "may not acquire") {
 				t.Errorf("acquire as a reader: %q", msg)
 			}

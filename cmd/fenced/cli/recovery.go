@@ -9,13 +9,17 @@ import (
 )
 
 func (a *app) resolveCmd() *cobra.Command {
-	return &cobra.Command{
+	var readOnly bool
+	cmd := &cobra.Command{
 		Use:   "resolve OP_ID",
 		Short: "Say for certain whether a publication was accepted, by its operation id",
 		Long: `Print the final outcome of the publication with operation id OP_ID: "accepted" (with the
 resource, epoch and generation that published it) or "not_accepted". The answer is final:
 an id with no recorded outcome is recorded as aborted in the same step, so a late delivery of
-that publication is refused. Use it after publish exited 6 (outcome unknown).`,
+that publication is refused. Use it after publish exited 6 (outcome unknown).
+
+--read-only records nothing: it prints the recorded outcome, or "unknown" when none is
+recorded yet (the publication may still arrive). A role granted --as reader may run it.`,
 		Args: cobra.ExactArgs(1),
 		RunE: a.run(func(cmd *cobra.Command, args []string) error {
 			s, err := a.open(cmd)
@@ -23,8 +27,16 @@ that publication is refused. Use it after publish exited 6 (outcome unknown).`,
 				return err
 			}
 			defer s.Close()
-			r, err := s.Resolve(cmd.Context(), args[0])
-			if err != nil {
+			var r fenced.Resolution
+			if readOnly {
+				var found bool
+				if r, found, err = s.LookupOperation(cmd.Context(), args[0]); err != nil {
+					return err
+				}
+				if !found {
+					return a.print(map[string]any{"op_id": r.OpID, "outcome": "unknown"})
+				}
+			} else if r, err = s.Resolve(cmd.Context(), args[0]); err != nil {
 				return err
 			}
 			out := map[string]any{"op_id": r.OpID, "outcome": "not_accepted", "recorded_at": timeJSON(r.RecordedAt)}
@@ -35,6 +47,8 @@ that publication is refused. Use it after publish exited 6 (outcome unknown).`,
 			return a.print(out)
 		}),
 	}
+	cmd.Flags().BoolVar(&readOnly, "read-only", false, "record nothing; print the recorded outcome or \"unknown\"")
+	return cmd
 }
 
 func (a *app) epochCmd() *cobra.Command {
