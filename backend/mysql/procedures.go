@@ -81,7 +81,7 @@ END`
 // part of USER(), the account the session logged in as (inside a SQL SECURITY DEFINER
 // procedure CURRENT_USER() is the definer; USER() cannot be set by the session). A caller with
 // rows in fenced_grants, which only Grant writes, may use a resource when one of its prefixes
-// begins the name (” for every resource); a caller without rows was not set up by Grant (the
+// begins the name (the empty prefix for every resource); a caller without rows was not set up by Grant (the
 // tables' owner, whose publications go through procedures too) and is not checked.
 const prefixCheck = `IF EXISTS (SELECT 1 FROM fenced_grants WHERE grantee = SUBSTRING_INDEX(USER(), '@', 1))
   AND NOT EXISTS (SELECT 1 FROM fenced_grants WHERE grantee = SUBSTRING_INDEX(USER(), '@', 1)
@@ -102,7 +102,7 @@ const (
 	erNoSuchProcGrant = 1403
 )
 
-// sqlGrantsTable holds the prefixes of each role Grant set up (” for every resource).
+// sqlGrantsTable holds the prefixes of each role Grant set up (the empty prefix for every resource).
 const sqlGrantsTable = `CREATE TABLE IF NOT EXISTS fenced_grants (
     grantee VARBINARY(80)  NOT NULL,
     prefix  VARBINARY(255) NOT NULL,

@@ -367,7 +367,7 @@ func checkCurrent(ctx context.Context, tx pgx.Tx, latest int) error {
 // Grant takes every right on the fenced tables away from PUBLIC and from role, and gives role
 // USAGE on the schema and EXECUTE on the routines spec.Access includes (installing any that are
 // stale first), revoking EXECUTE on the others, so that granting again with a lower level takes
-// rights away. It records spec.Prefixes (none: ”, every resource) as the role's rows of
+// rights away. It records spec.Prefixes (none: the empty prefix, every resource) as the role's rows of
 // fenced_grants, which the routines check. The role must exist (CREATE ROLE name LOGIN ...) and
 // the schema must be migrated. Run it as the user that migrated, the owner of the tables and
 // routines. Everything is one transaction.

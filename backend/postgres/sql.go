@@ -200,7 +200,7 @@ const sqlstatePrefix = "FNC02"
 // session_user, the role that logged in (a SECURITY DEFINER routine runs as its owner, so
 // current_user is the owner, and only a superuser can change session_user); it may use the
 // resource when a role it is a member of has a row in fenced_grants whose prefix begins the
-// name (” for every resource). fenced_grants is written only by Grant, as the owner. The
+// name (the empty prefix for every resource). fenced_grants is written only by Grant, as the owner. The
 // owner itself, which may write the tables anyway, is not checked. A role granted before
 // prefixes existed has no row and is refused: run Grant again.
 const prefixCheck = `    IF session_user <> current_user AND NOT EXISTS (
