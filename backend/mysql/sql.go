@@ -184,7 +184,9 @@ ON DUPLICATE KEY UPDATE resource = resource`)
 	// sqlAcquire: MySQL has no UPDATE ... RETURNING. The new generation comes back in the same
 	// reply as the statement's last insert id, which LAST_INSERT_ID(expr) sets only for a row
 	// it updated; the epoch it stored is left in a session variable, read by sqlReadLease on the
-	// same connection. Both are trusted only when the statement matched one row.
+	// same connection. Both are trusted only when the statement matched one row. The session
+	// can overwrite the variable between the two calls, but only to mislead itself: the epoch
+	// it then presents is matched against the row's by every later statement.
 	sqlAcquire = newStmt("acquire", kindExec, `UPDATE fenced_resources
 SET generation = LAST_INSERT_ID(generation + 1),
     epoch = (@fenced_acquired_epoch := `+currentEpoch+`),
