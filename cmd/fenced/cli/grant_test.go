@@ -9,7 +9,6 @@ import (
 	"time"
 
 	"github.com/fenced-dev/fenced/backend/mysql"
-	"github.com/fenced-dev/fenced/backend/redis"
 	"github.com/fenced-dev/fenced/cmd/fenced/cli"
 )
 
@@ -106,15 +105,11 @@ func TestGrantLevelsCLI(t *testing.T) {
 }
 
 // TestURLSecretsNeverPrinted: a wrong password, and URLs too malformed to open, fail with a
-// sentence that does not contain the password (the driver's own message sometimes does: the
-// first case checks that, so the test can tell).
+// sentence that does not contain the password, whichever backend's parser or client wrote it
+// (TestRedact shows the command's last line of defence on a message that does).
 func TestURLSecretsNeverPrinted(t *testing.T) {
 	const secret = "S3cr3t-Pw%21x"
 	decoded := "S3cr3t-Pw!x"
-	// The library's own message carries the URL, password included: what the command must hide.
-	if _, err := redis.Open("redis://u:" + secret + "@127.0.0.1:notaport/0"); err == nil || !strings.Contains(err.Error(), secret) {
-		t.Fatalf("redis.Open's error does not carry the password (%v): the test cannot tell", err)
-	}
 	for _, db := range []string{
 		"postgres://u:" + secret + "@127.0.0.1:notaport/db",
 		"mysql://u:" + secret + "@127.0.0.1:notaport/db",
