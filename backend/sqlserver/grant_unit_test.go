@@ -2,8 +2,12 @@ package sqlserver
 
 import (
 	"context"
+	sqldriver "database/sql/driver"
+	"errors"
 	"strings"
 	"testing"
+
+	mssql "github.com/microsoft/go-mssqldb"
 
 	"github.com/fenced-dev/fenced/driver"
 )
@@ -53,5 +57,23 @@ func TestGrantRefusesPrefixes(t *testing.T) {
 	}
 	if calls := rec.Calls(); len(calls) != 0 {
 		t.Fatalf("sent %+v", calls)
+	}
+}
+
+// TestPermissionDeniedNamesOperationAndRole: SQL Server's 229 on a procedure the role was not
+// granted becomes a *driver.PermissionError naming the operation and the database user, not
+// applied.
+func TestPermissionDeniedNamesOperationAndRole(t *testing.T) {
+	denied := reply{err: mssql.Error{Number: errPermissionDenied, Class: 14,
+		Message: "The EXECUTE permission was denied on the object 'fenced_bump_epoch'"}}
+	user := reply{sets: []resultSet{{cols: []string{"u"}, rows: [][]sqldriver.Value{{"fenced_app"}}}}}
+	d, _ := newTestDriver(t, denied, user)
+	_, err := d.BumpEpoch(context.Background())
+	var pe *driver.PermissionError
+	if !errors.As(err, &pe) || !errors.Is(err, driver.ErrNotApplied) || !errors.Is(err, driver.ErrPermission) {
+		t.Fatalf("bump refused for lack of rights: %v", err)
+	}
+	if msg := err.Error(); !strings.Contains(msg, "role fenced_app may not bump the epoch") {
+		t.Fatalf("message %q", msg)
 	}
 }

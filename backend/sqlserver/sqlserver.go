@@ -660,10 +660,41 @@ func mutate[T any](ctx context.Context, d *Driver, what string, o op, args []any
 	switch {
 	case err == nil:
 		return out, nil
+	case isPermissionDenied(err):
+		return nil, d.denied(ctx, o, err)
 	case o == opPrune:
 		return nil, translatePartial(what, err)
 	}
 	return nil, translate(what, err)
+}
+
+// errPermissionDenied is SQL Server's refusal to execute a procedure the principal was not
+// granted (229, "The EXECUTE permission was denied on the object").
+const errPermissionDenied = 229
+
+func isPermissionDenied(err error) bool {
+	e, ok := sqlError(err)
+	return ok && e.Number == errPermissionDenied
+}
+
+// opWords names each operation in a refusal for lack of rights.
+var opWords = [numOps]string{
+	opProvision: "provision", opAcquire: "acquire", opRenew: "renew", opPublish: "publish",
+	opPublishAndRelease: "publish", opRelease: "release", opRead: "read", opReadPayload: "read",
+	opResolve: "resolve an operation", opReadOperation: "read an operation", opBumpEpoch: "bump the epoch",
+	opPrune: "prune operation records",
+}
+
+// denied is the refusal of o to the database user this driver logs in as, which it reads with
+// one more query (on this error only). The refusal came before the procedure ran: nothing
+// changed.
+func (d *Driver) denied(ctx context.Context, o op, err error) error {
+	pe := &driver.PermissionError{Role: "(unknown)", Operation: opWords[o], Err: err}
+	var user sql.NullString
+	if qerr := d.db.QueryRowContext(ctx, `SELECT USER_NAME()`).Scan(&user); qerr == nil && user.Valid {
+		pe.Role = user.String
+	}
+	return pe
 }
 
 // discard closes conn's physical connection instead of returning it to the pool. XACT_ABORT
