@@ -24,9 +24,9 @@ const (
 	AccessAdmin = driver.AccessAdmin
 )
 
-// ErrPermissionDenied: the database refused the operation to the role the store is connected
-// as (it was not granted it, or the resource is outside its prefixes). Nothing changed. The
-// error is a *driver.PermissionError naming the operation and the role.
+// ErrPermissionDenied is matched by the database's refusal of an operation to the role the
+// store is connected as (not granted to it, or the resource is outside its prefixes). Nothing
+// changed. The error is a *driver.PermissionError naming the operation and the role.
 var ErrPermissionDenied = driver.ErrPermission
 
 // ParseAccess reads a level by name: worker, reader or admin.
