@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/fenced-dev/fenced/driver"
+	"github.com/fenced-dev/fenced/internal/pointer"
 )
 
 const (
@@ -245,6 +246,12 @@ func (l *Lease) publish(ctx context.Context, op string, payload []byte, opts []P
 	}
 	if max := l.store.cfg.MaxPayloadBytes; len(payload) > max {
 		return invalid("payload", "it is %d bytes; the limit is %d", len(payload), max)
+	}
+	// Readers take a payload with the artifact prefix for a pointer; only a valid one may carry it.
+	if pointer.Is(payload) {
+		if _, err := pointer.Decode(payload); err != nil {
+			return invalid("payload", "it starts with the reserved artifact pointer prefix but is not a valid pointer (%v); publish artifacts with destination/artifact", err)
+		}
 	}
 	if err := ctx.Err(); err != nil {
 		return fmt.Errorf("%s %q: not sent: %w", op, l.ref.Resource, err)
