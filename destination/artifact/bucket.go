@@ -1,0 +1,173 @@
+package artifact
+
+import (
+	"context"
+	"crypto/rand"
+	"errors"
+	"fmt"
+	"io"
+	"net/url"
+	"os"
+	"path/filepath"
+	"strings"
+
+	"gocloud.dev/blob"
+	_ "gocloud.dev/blob/azureblob" // azblob:// URLs
+	"gocloud.dev/blob/fileblob"
+	_ "gocloud.dev/blob/gcsblob" // gs:// URLs (documented, not tested here)
+	_ "gocloud.dev/blob/s3blob"  // s3:// URLs (documented, not tested here)
+	"gocloud.dev/gcerrors"
+)
+
+// ErrExists is returned when an upload's key already exists: the store refused to overwrite it.
+var ErrExists = errors.New("an object with this key already exists; artifacts are never overwritten")
+
+// tmpDir is where the file store stages uploads, beside KeyPrefix so that Collect never lists it.
+const tmpDir = ".fenced-upload"
+
+// Bucket is a blob store holding artifacts. Open one with OpenBucket, or wrap a *blob.Bucket
+// with NewBucket.
+type Bucket struct {
+	b *blob.Bucket
+	// dir is the root of a file store. Its uploads are made create-only with a hard link,
+	// because fileblob's IfNotExist is a stat followed by a rename, which two writers can both
+	// pass.
+	dir string
+}
+
+// OpenBucket opens a store by URL: file:///abs/dir (created if missing), azblob://container,
+// s3://bucket or gs://bucket, with gocloud.dev/blob's query parameters and environment.
+func OpenBucket(ctx context.Context, rawURL string) (*Bucket, error) {
+	u, err := url.Parse(rawURL)
+	if err != nil {
+		return nil, fmt.Errorf("artifact store URL %q does not parse: %w", rawURL, err)
+	}
+	switch u.Scheme {
+	case "file":
+		if u.Path == "" || u.Host != "" && u.Host != "localhost" {
+			return nil, fmt.Errorf("artifact store URL %q: a file store needs an absolute path, as in file:///var/lib/fenced/artifacts", rawURL)
+		}
+		if len(u.Query()) > 0 {
+			return nil, fmt.Errorf("artifact store URL %q: a file store takes no query parameters", rawURL)
+		}
+		return openDir(filepath.FromSlash(u.Path))
+	case "azblob", "s3", "gs":
+		if u.Host == "" {
+			return nil, fmt.Errorf("artifact store URL %q names no bucket or container (expected %s://NAME)", rawURL, u.Scheme)
+		}
+	case "":
+		return nil, fmt.Errorf("artifact store URL %q has no scheme; use file:///dir, azblob://container, s3://bucket or gs://bucket", rawURL)
+	default:
+		return nil, fmt.Errorf("artifact store URL %q: unknown scheme %q; use file, azblob, s3 or gs", rawURL, u.Scheme)
+	}
+	b, err := blob.OpenBucket(ctx, rawURL)
+	if err != nil {
+		return nil, fmt.Errorf("open artifact store %q: %w", rawURL, err)
+	}
+	return &Bucket{b: b}, nil
+}
+
+func openDir(dir string) (*Bucket, error) {
+	if !filepath.IsAbs(dir) {
+		return nil, fmt.Errorf("artifact store directory %q is not absolute", dir)
+	}
+	if err := os.MkdirAll(filepath.Join(dir, tmpDir), 0o777); err != nil {
+		return nil, fmt.Errorf("artifact store directory: %w", err)
+	}
+	// No sidecar files: the pointer carries the content type, and a key is one file.
+	b, err := fileblob.OpenBucket(dir, &fileblob.Options{Metadata: fileblob.MetadataDontWrite})
+	if err != nil {
+		return nil, fmt.Errorf("open artifact store directory %q: %w", dir, err)
+	}
+	return &Bucket{b: b, dir: dir}, nil
+}
+
+// NewBucket wraps an open bucket. Uploads use the driver's IfNotExist, so create-only holds only
+// where the driver enforces it (Azure, S3 and GCS send a conditional request; fileblob does not
+// enforce it between concurrent writers: open a file store with OpenBucket instead).
+func NewBucket(b *blob.Bucket) *Bucket { return &Bucket{b: b} }
+
+// Blob returns the underlying bucket.
+func (b *Bucket) Blob() *blob.Bucket { return b.b }
+
+// Close closes the underlying bucket.
+func (b *Bucket) Close() error { return b.b.Close() }
+
+// testHookBeforeCommit, when set, runs in a file store upload after the bytes are staged and
+// before the create-only commit, so a test can line up two writers there.
+var testHookBeforeCommit func(key string)
+
+// put streams r to key, refusing to replace an existing object; it returns ErrExists when the
+// key is taken. Nothing is left under key when it fails.
+func (b *Bucket) put(ctx context.Context, key, contentType string, r io.Reader) error {
+	if b.dir != "" {
+		return b.putFile(ctx, key, r)
+	}
+	if contentType == "" {
+		contentType = "application/octet-stream"
+	}
+	// Upload, not NewWriter and Copy: it hands r to the driver in one call (azureblob's
+	// pipe-based writer panics in Close after a refused conditional write), and a read error
+	// from r aborts the upload before anything is committed.
+	err := b.b.Upload(ctx, key, r, &blob.WriterOptions{ContentType: contentType, IfNotExist: true})
+	if err != nil {
+		if gcerrors.Code(err) == gcerrors.FailedPrecondition {
+			return fmt.Errorf("%q: %w", key, ErrExists)
+		}
+		return err
+	}
+	return nil
+}
+
+// putFile stages the bytes in a temporary file, syncs it, and links it to the key's path: link
+// fails if the path exists, in one system call, whatever other writers do.
+func (b *Bucket) putFile(ctx context.Context, key string, r io.Reader) error {
+	f, err := os.CreateTemp(filepath.Join(b.dir, tmpDir), "upload-*")
+	if err != nil {
+		return err
+	}
+	defer os.Remove(f.Name())
+	if _, err := io.Copy(f, r); err != nil {
+		f.Close()
+		return err
+	}
+	if err := f.Sync(); err != nil { // the pointer must never outlive the bytes in a crash
+		f.Close()
+		return err
+	}
+	if err := f.Close(); err != nil {
+		return err
+	}
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	path := filepath.Join(b.dir, filepath.FromSlash(key))
+	if err := os.MkdirAll(filepath.Dir(path), 0o777); err != nil {
+		return err
+	}
+	if testHookBeforeCommit != nil {
+		testHookBeforeCommit(key)
+	}
+	if err := commitFile(f.Name(), path); err != nil {
+		if errors.Is(err, os.ErrExist) {
+			return fmt.Errorf("%q: %w", key, ErrExists)
+		}
+		return err
+	}
+	return syncDir(filepath.Dir(path))
+}
+
+// commitFile makes the staged file visible under path only if path does not exist yet.
+var commitFile = os.Link
+
+func syncDir(dir string) error {
+	d, err := os.Open(dir)
+	if err != nil {
+		return err
+	}
+	defer d.Close()
+	return d.Sync()
+}
+
+// newNonce is a fresh random key segment.
+func newNonce() string { return strings.ToLower(rand.Text()) }
