@@ -35,34 +35,48 @@ type Bucket struct {
 	dir string
 }
 
+// URLError is a store URL that cannot name a store; nothing was contacted.
+type URLError struct{ URL, Reason string }
+
+func (e *URLError) Error() string { return fmt.Sprintf("artifact store URL %q: %s", e.URL, e.Reason) }
+
 // OpenBucket opens a store by URL: file:///abs/dir (created if missing), azblob://container,
 // s3://bucket or gs://bucket, with gocloud.dev/blob's query parameters and environment.
 func OpenBucket(ctx context.Context, rawURL string) (*Bucket, error) {
 	u, err := url.Parse(rawURL)
 	if err != nil {
-		return nil, fmt.Errorf("artifact store URL %q does not parse: %w", rawURL, err)
+		return nil, &URLError{URL: rawURL, Reason: "it does not parse: " + err.Error()}
 	}
 	switch u.Scheme {
 	case "file":
 		if u.Path == "" || u.Host != "" && u.Host != "localhost" {
-			return nil, fmt.Errorf("artifact store URL %q: a file store needs an absolute path, as in file:///var/lib/fenced/artifacts", rawURL)
+			return nil, &URLError{URL: rawURL, Reason: "a file store needs an absolute path, as in file:///var/lib/fenced/artifacts"}
 		}
 		if len(u.Query()) > 0 {
-			return nil, fmt.Errorf("artifact store URL %q: a file store takes no query parameters", rawURL)
+			return nil, &URLError{URL: rawURL, Reason: "a file store takes no query parameters"}
 		}
 		return openDir(filepath.FromSlash(u.Path))
 	case "azblob", "s3", "gs":
 		if u.Host == "" {
-			return nil, fmt.Errorf("artifact store URL %q names no bucket or container (expected %s://NAME)", rawURL, u.Scheme)
+			return nil, &URLError{URL: rawURL, Reason: fmt.Sprintf("it names no bucket or container (expected %s://NAME)", u.Scheme)}
 		}
 	case "":
-		return nil, fmt.Errorf("artifact store URL %q has no scheme; use file:///dir, azblob://container, s3://bucket or gs://bucket", rawURL)
+		return nil, &URLError{URL: rawURL, Reason: "it has no scheme; use file:///dir, azblob://container, s3://bucket or gs://bucket"}
 	default:
-		return nil, fmt.Errorf("artifact store URL %q: unknown scheme %q; use file, azblob, s3 or gs", rawURL, u.Scheme)
+		return nil, &URLError{URL: rawURL, Reason: fmt.Sprintf("the scheme %q is not supported; use file, azblob, s3 or gs", u.Scheme)}
 	}
 	b, err := blob.OpenBucket(ctx, rawURL)
 	if err != nil {
 		return nil, fmt.Errorf("open artifact store %q: %w", rawURL, err)
+	}
+	// Opening contacts nothing; a read proves the store is reachable before any upload starts.
+	switch ok, err := b.IsAccessible(ctx); {
+	case err != nil:
+		b.Close()
+		return nil, fmt.Errorf("artifact store %q is not reachable: %w", rawURL, err)
+	case !ok:
+		b.Close()
+		return nil, fmt.Errorf("artifact store %q: the bucket or container does not exist", rawURL)
 	}
 	return &Bucket{b: b}, nil
 }

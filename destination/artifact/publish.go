@@ -140,3 +140,6 @@ func (c *countingReader) Read(p []byte) (int, error) {
 	c.n += int64(n)
 	return n, err
 }
+
+// IsPointer reports whether a published payload is an artifact pointer.
+func IsPointer(payload []byte) bool { return pointer.Is(payload) }

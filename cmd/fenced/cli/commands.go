@@ -9,6 +9,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/fenced-dev/fenced"
+	"github.com/fenced-dev/fenced/destination/artifact"
 )
 
 func (a *app) migrateCmd() *cobra.Command {
@@ -142,13 +143,14 @@ unexpired lease: a late renewal never revives an expired or superseded lease.` +
 func (a *app) publishCmd() *cobra.Command {
 	var (
 		lf            leaseFlags
+		af            artifactFlags
 		file          string
 		release       bool
 		opID          string
 		sourceVersion int64
 	)
 	cmd := &cobra.Command{
-		Use:   "publish RESOURCE " + leaseFlagsUsage + " [--file PATH]",
+		Use:   "publish RESOURCE " + leaseFlagsUsage + " [--file PATH | --artifact PATH [--store URL]]",
 		Short: "Store a payload as the resource's result, if the lease is still current",
 		Long: fmt.Sprintf(`Store the payload (the file named by --file, else standard input) as the resource's
 published result, only if the lease presented is still the current, unexpired one, its
@@ -156,12 +158,26 @@ generation has not published yet, its --source-version (if any) is not older tha
 published one, and its --op-id has not been accepted or resolved before. If the reply is
 lost the exit code is 6 and the error names the operation id: "fenced resolve ID" then says
 for certain whether it was accepted. The whole payload, at most %d bytes, is read before
-the database is touched; a larger one is rejected and nothing is written.`, fenced.DefaultMaxPayloadBytes) + leaseFlagsHelp,
+the database is touched; a larger one is rejected and nothing is written.
+
+With --artifact, the file is streamed, whatever its size, into a new object of the artifact
+store under a key unique to this lease, and the payload published is a pointer to it (key,
+SHA-256, size, content type). A refused pointer leaves the object unreferenced, for gc.`, fenced.DefaultMaxPayloadBytes) + leaseFlagsHelp,
 		Args: oneResource,
 		RunE: a.run(func(cmd *cobra.Command, args []string) error {
 			p, err := lf.parse(cmd)
 			if err != nil {
 				return err
+			}
+			if af.file != "" && file != "" {
+				return usagef("give --file or --artifact, not both")
+			}
+			if opID == "" {
+				opID = rand.Text() // printed either way, so that an unknown outcome can be resolved
+			}
+			opts := []fenced.PublishOption{fenced.WithOpID(opID), fenced.WithSourceVersion(sourceVersion)}
+			if af.file != "" {
+				return a.publishArtifact(cmd, args[0], p, &af, opts, opID, release)
 			}
 			payload, err := a.readPayload(file, fenced.DefaultMaxPayloadBytes)
 			if err != nil {
@@ -172,10 +188,6 @@ the database is touched; a larger one is rejected and nothing is written.`, fenc
 				return err
 			}
 			defer s.Close()
-			if opID == "" {
-				opID = rand.Text() // printed either way, so that an unknown outcome can be resolved
-			}
-			opts := []fenced.PublishOption{fenced.WithOpID(opID), fenced.WithSourceVersion(sourceVersion)}
 			if release {
 				err = l.PublishAndRelease(cmd.Context(), payload, opts...)
 			} else {
@@ -190,6 +202,7 @@ the database is touched; a larger one is rejected and nothing is written.`, fenc
 		}),
 	}
 	lf.add(cmd)
+	af.add(cmd)
 	cmd.Flags().StringVar(&file, "file", "", "read the payload from this file instead of standard input")
 	cmd.Flags().BoolVar(&release, "release", false, "also release the lease, in the same statement")
 	cmd.Flags().StringVar(&opID, "op-id", "", "operation id, to resolve the outcome later if the reply is lost (default: a fresh one, named in the error)")
@@ -263,6 +276,8 @@ type stateJSON struct {
 	PayloadBytes        int64   `json:"payload_bytes"`
 	CurrentEpoch        int64   `json:"current_epoch"`
 	DatabaseNow         *string `json:"database_now"`
+	// Artifact is the published pointer when the payload is one.
+	Artifact *pointerJSON `json:"artifact,omitempty"`
 }
 
 func newStateJSON(st fenced.State) stateJSON {
@@ -295,7 +310,8 @@ when the lease is free; an expired holder stays until someone acquires or releas
 (whether that lease is unexpired at database_now), published_generation, published_at
 (null if nothing was published), payload_bytes and database_now. The token of the current
 generation is (epoch, generation); current_epoch is the store's epoch, which every new
-acquisition gets; published_epoch and source_version belong to the published payload.`,
+acquisition gets; published_epoch and source_version belong to the published payload.
+When the payload is an artifact pointer, "artifact" holds it.`,
 		Args: oneResource,
 		RunE: a.run(func(cmd *cobra.Command, args []string) error {
 			s, err := a.open(cmd)
@@ -307,26 +323,51 @@ acquisition gets; published_epoch and source_version belong to the published pay
 			if err != nil {
 				return err
 			}
-			return a.print(newStateJSON(st))
+			out := newStateJSON(st)
+			if out.Artifact, err = publishedPointer(cmd.Context(), s, args[0]); err != nil {
+				return err
+			}
+			return a.print(out)
 		}),
 	}
 }
 
 func (a *app) getCmd() *cobra.Command {
-	return &cobra.Command{
-		Use:   "get RESOURCE",
-		Short: "Write the published payload to standard output, byte for byte",
-		Long:  "Write the resource's published payload to standard output, byte for byte, and nothing else.",
-		Args:  oneResource,
+	var (
+		store, output string
+		asPointer     bool
+	)
+	cmd := &cobra.Command{
+		Use:   "get RESOURCE [--pointer] [--output FILE] [--store URL]",
+		Short: "Write the published payload, or the artifact it points to, byte for byte",
+		Long: `Write the resource's published payload to standard output, byte for byte, and nothing else.
+When the payload is an artifact pointer, the artifact is streamed from the store instead and
+checked against the pointer's size and SHA-256 while it streams; a mismatch or a missing
+object is an error (exit 1), and with --output the file is only created once every byte was
+verified. --pointer prints the pointer as JSON instead.`,
+		Args: oneResource,
 		RunE: a.run(func(cmd *cobra.Command, args []string) error {
 			s, err := a.open(cmd)
 			if err != nil {
 				return err
 			}
 			defer s.Close()
-			payload, _, err := s.Get(cmd.Context(), args[0])
+			payload, gen, err := s.Get(cmd.Context(), args[0])
 			if err != nil {
 				return err
+			}
+			if asPointer {
+				p, err := artifact.DecodePointer(args[0], payload)
+				if err != nil {
+					return err
+				}
+				return a.print(pointerJSON{p, gen})
+			}
+			if artifact.IsPointer(payload) {
+				return a.getArtifact(cmd, s, args[0], payload, store, output)
+			}
+			if output != "" {
+				return writeFileAtomic(output, payload)
 			}
 			if _, err := a.stdout.Write(payload); err != nil {
 				return fmt.Errorf("write payload: %w", err)
@@ -334,4 +375,8 @@ func (a *app) getCmd() *cobra.Command {
 			return nil
 		}),
 	}
+	cmd.Flags().BoolVar(&asPointer, "pointer", false, "print the published artifact pointer as JSON instead of following it")
+	cmd.Flags().StringVar(&output, "output", "", "write to this file (created only when complete and verified) instead of standard output")
+	addStoreFlag(cmd, &store)
+	return cmd
 }

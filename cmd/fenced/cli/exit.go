@@ -7,6 +7,7 @@ import (
 
 	"github.com/fenced-dev/fenced"
 	"github.com/fenced-dev/fenced/destination"
+	"github.com/fenced-dev/fenced/destination/artifact"
 )
 
 // Exit codes, the same for every command.
@@ -31,7 +32,8 @@ const exitCodesHelp = `Exit codes:
      too large)
   3  busy: another owner holds an unexpired lease
   4  not found: the resource is not provisioned (also when a lease operation is refused
-     because the resource does not exist), or get found nothing published
+     because the resource does not exist), or get found nothing published (or, with
+     --pointer, a payload that is not an artifact pointer)
   5  refused: the lease presented is not current (superseded, expired, released, or this
      generation already published, a stale source version, an operation id already
      resolved, an epoch bumped since, the database restored or promoted since), or run
@@ -75,7 +77,7 @@ func exitCode(err error) int {
 	case errors.Is(err, fenced.ErrBusy):
 		return ExitBusy
 	case errors.Is(err, fenced.ErrNotProvisioned), errors.Is(err, fenced.ErrNothingPublished),
-		errors.Is(err, destination.ErrUnknownResource):
+		errors.Is(err, destination.ErrUnknownResource), errors.Is(err, artifact.ErrNotArtifact):
 		return ExitNotFound
 	case errors.Is(err, fenced.ErrOutcomeUnknown):
 		return ExitUnknown
