@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"path/filepath"
 	"strings"
@@ -244,4 +245,49 @@ func writeFileAtomic(path string, data []byte) error {
 		return fmt.Errorf("get: %w", err)
 	}
 	return os.Rename(tmp.Name(), path)
+}
+
+// runArtifactFlags are run's flags for an artifact.
+type runArtifactFlags struct {
+	on          bool
+	contentType string
+	store       string
+}
+
+func (f *runArtifactFlags) add(cmd *cobra.Command) {
+	cmd.Flags().BoolVar(&f.on, "artifact", false, "stream the command's standard output into an artifact and publish a pointer to it")
+	cmd.Flags().StringVar(&f.contentType, "content-type", "application/octet-stream", "with --artifact, the artifact's media type")
+	addStoreFlag(cmd, &f.store)
+}
+
+// runArtifact is run --artifact: the store is opened before the lease is taken, so that a bad
+// store URL costs no generation.
+func (a *app) runArtifact(cmd *cobra.Command, args []string, opts *fenced.RunOptions, grace time.Duration, f *runArtifactFlags) error {
+	b, storeURL, err := a.openBucket(cmd, f.store)
+	if err != nil {
+		return err
+	}
+	defer b.Close()
+	s, err := a.open(cmd)
+	if err != nil {
+		return err
+	}
+	defer s.Close()
+	build := artifact.Build(b, func(ctx context.Context, l *fenced.Lease, w io.Writer) error {
+		return a.runCommandTo(ctx, l, args[1:], grace, w)
+	}, artifact.WithContentType(f.contentType))
+	var p artifact.Pointer
+	res, err := fenced.Run(cmd.Context(), s, args[0], opts,
+		func(ctx context.Context, l *fenced.Lease) ([]byte, error) {
+			payload, err := build(ctx, l)
+			if err == nil {
+				p, err = artifact.DecodePointer(l.Resource(), payload)
+			}
+			return payload, err
+		})
+	if err != nil {
+		return err
+	}
+	return a.print(map[string]any{"resource": res.Resource, "owner": res.Owner, "epoch": res.Token.Epoch,
+		"generation": res.Generation, "published_generation": res.Generation, "store": storeURL, "artifact": p})
 }

@@ -255,3 +255,56 @@ func TestArtifactBadInput(t *testing.T) {
 		}
 	})
 }
+
+// run --artifact streams the command's standard output, larger than a payload may be, into an
+// artifact; a failing command publishes nothing and leaves no object behind.
+func TestRunArtifact(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	tg := target{t: t, url: "sqlite:" + filepath.Join(dir, "test.db"), dir: dir}
+	const res = "job €"
+	tg.ok(nil, "provision", res)
+	tg.ok(nil, "epoch", "bump")
+	// 6 MiB: more than the 4 MiB payload limit.
+	r := runEnv(t, tg, nil, "run", res, "--ttl", "1m", "--artifact", "--content-type", "text/plain", "--",
+		"sh", "-c", `head -c 6291456 /dev/zero | tr '\0' 'x'; printf '%s' "$FENCED_GENERATION"`)
+	if r.code != 0 || r.stderr != "" {
+		t.Fatalf("run --artifact: exit %d, stderr %q", r.code, r.stderr)
+	}
+	var out struct {
+		Generation int64      `json:"generation"`
+		Artifact   pointerOut `json:"artifact"`
+	}
+	if err := json.Unmarshal(r.stdout, &out); err != nil || out.Artifact.Size != 6291457 || out.Artifact.ContentType != "text/plain" {
+		t.Fatalf("run --artifact printed %s (%v)", r.stdout, err)
+	}
+	got := runEnv(t, tg, nil, "get", res).stdout
+	if want := append(bytes.Repeat([]byte("x"), 6291456), strconv.FormatInt(out.Generation, 10)...); !bytes.Equal(got, want) {
+		t.Fatalf("get returned %d bytes, want the command's %d", len(got), len(want))
+	}
+	store := filepath.Join(dir, "test.db.artifacts")
+	count := func() int {
+		n := 0
+		_ = filepath.WalkDir(filepath.Join(store, "fenced-artifacts"), func(_ string, d os.DirEntry, _ error) error {
+			if d != nil && !d.IsDir() {
+				n++
+			}
+			return nil
+		})
+		return n
+	}
+	if n := count(); n != 1 {
+		t.Fatalf("%d objects in the store, want 1", n)
+	}
+	r = runEnv(t, tg, nil, "run", res, "--ttl", "1m", "--artifact", "--", "sh", "-c", "echo partial; exit 3")
+	if r.code != 3 || !strings.Contains(r.stderr, "nothing was published") {
+		t.Fatalf("failing command: exit %d, stderr %q", r.code, r.stderr)
+	}
+	if n := count(); n != 1 {
+		t.Fatalf("a failed command left an object: %d objects", n)
+	}
+	var st stateOut
+	if err := json.Unmarshal(tg.ok(nil, "show", res), &st); err != nil || st.PublishedGeneration != out.Generation {
+		t.Fatalf("after the failed run: %+v (%v)", st, err)
+	}
+}

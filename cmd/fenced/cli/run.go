@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"net/url"
 	"os"
 	"os/exec"
@@ -31,9 +32,10 @@ func (a *app) runCmd() *cobra.Command {
 		renew  bool
 		grace  time.Duration
 		fences []string
+		art    runArtifactFlags
 	)
 	cmd := &cobra.Command{
-		Use:   "run RESOURCE --ttl DURATION [--renew] [--fence URL]... -- COMMAND [ARGS...]",
+		Use:   "run RESOURCE --ttl DURATION [--renew] [--fence URL]... [--artifact [--store URL]] -- COMMAND [ARGS...]",
 		Short: "Run a command under the resource's lease and publish its standard output",
 		Long: `Acquire the resource's lease, run COMMAND with the lease in its environment, and publish
 its standard output under the lease, then release. Standard input and standard error pass
@@ -61,7 +63,10 @@ SIGTERM, then SIGKILL after --grace; nothing is published and the exit code is 5
 publication attempted at the last moment is checked by the database.
 
 A command that fails publishes nothing, and its exit code is passed on (128+N when it was
-killed by signal N, 127 when it could not be started).`,
+killed by signal N, 127 when it could not be started).
+
+With --artifact, the standard output is streamed, whatever its size, into a new object of the
+artifact store, and the payload published is a pointer to it.`,
 		Args: func(cmd *cobra.Command, args []string) error {
 			if dash := cmd.ArgsLenAtDash(); dash != 1 || len(args) < 2 {
 				return errors.New(`run takes one RESOURCE, then -- and the command to run`)
@@ -82,6 +87,9 @@ killed by signal N, 127 when it could not be started).`,
 					return usagef("invalid --fence %q: want an http or https URL", f)
 				}
 				dests = append(dests, &destination.Remote{URL: f})
+			}
+			if art.on {
+				return a.runArtifact(cmd, args, &fenced.RunOptions{TTL: d, Renew: renew, Fence: dests}, grace, &art)
 			}
 			s, err := a.open(cmd)
 			if err != nil {
@@ -104,6 +112,7 @@ killed by signal N, 127 when it could not be started).`,
 	cmd.Flags().BoolVar(&renew, "renew", false, "renew the lease every TTL/3 while the command runs")
 	cmd.Flags().DurationVar(&grace, "grace", 10*time.Second, "how long after SIGTERM a command that lost its lease gets before SIGKILL")
 	cmd.Flags().StringArrayVar(&fences, "fence", nil, "fence this participating service (its fence URL) before the command starts; repeatable")
+	art.add(cmd)
 	_ = cmd.MarkFlagRequired("ttl")
 	return cmd
 }
@@ -111,6 +120,18 @@ killed by signal N, 127 when it could not be started).`,
 // runCommand runs argv with the lease in its environment and returns its standard output.
 // When ctx ends (the lease is lost) the process group gets SIGTERM, then SIGKILL after grace.
 func (a *app) runCommand(ctx context.Context, l *fenced.Lease, argv []string, grace time.Duration, limit int) ([]byte, error) {
+	out := &limitedBuffer{limit: limit}
+	if err := a.runCommandTo(ctx, l, argv, grace, out); err != nil {
+		return nil, err
+	}
+	if out.over {
+		return nil, usagef("the output of %s is larger than the payload limit of %d bytes; nothing was published", argv[0], limit)
+	}
+	return out.buf, nil
+}
+
+// runCommandTo runs argv with the lease in its environment, its standard output going to out.
+func (a *app) runCommandTo(ctx context.Context, l *fenced.Lease, argv []string, grace time.Duration, out io.Writer) error {
 	c := exec.Command(argv[0], argv[1:]...)
 	c.Env = append(os.Environ(),
 		"FENCED_RESOURCE="+l.Resource(),
@@ -120,12 +141,11 @@ func (a *app) runCommand(ctx context.Context, l *fenced.Lease, argv []string, gr
 		"FENCED_GENERATION="+strconv.FormatInt(l.Generation(), 10),
 		"FENCED_TOKEN_HEADER="+destination.FormatHeader(l.Resource(), l.Token()))
 	c.Stdin, c.Stderr = a.stdin, a.stderr
-	out := &limitedBuffer{limit: limit}
 	c.Stdout = out
 	c.SysProcAttr = commandProcAttr()
 	c.WaitDelay = grace // a grandchild that keeps stdout open cannot hold us forever
 	if err := c.Start(); err != nil {
-		return nil, &commandExit{code: 127, desc: fmt.Sprintf("start %s: %v", argv[0], err)}
+		return &commandExit{code: 127, desc: fmt.Sprintf("start %s: %v", argv[0], err)}
 	}
 
 	exited := make(chan struct{})
@@ -151,21 +171,19 @@ func (a *app) runCommand(ctx context.Context, l *fenced.Lease, argv []string, gr
 	<-stopped
 
 	if ctx.Err() != nil {
-		return nil, context.Cause(ctx) // fenced.Run reports the lost lease
+		return context.Cause(ctx) // fenced.Run reports the lost lease
 	}
 	var ee *exec.ExitError
 	switch {
 	case errors.As(err, &ee):
 		if ws, ok := ee.Sys().(syscall.WaitStatus); ok && ws.Signaled() {
-			return nil, &commandExit{code: 128 + int(ws.Signal()), desc: fmt.Sprintf("%s was killed by %s", argv[0], ws.Signal())}
+			return &commandExit{code: 128 + int(ws.Signal()), desc: fmt.Sprintf("%s was killed by %s", argv[0], ws.Signal())}
 		}
-		return nil, &commandExit{code: ee.ExitCode(), desc: fmt.Sprintf("%s exited with code %d", argv[0], ee.ExitCode())}
+		return &commandExit{code: ee.ExitCode(), desc: fmt.Sprintf("%s exited with code %d", argv[0], ee.ExitCode())}
 	case err != nil:
-		return nil, fmt.Errorf("run %s: %w", argv[0], err)
-	case out.over:
-		return nil, usagef("the output of %s is larger than the payload limit of %d bytes; nothing was published", argv[0], limit)
+		return fmt.Errorf("run %s: %w", argv[0], err)
 	}
-	return out.buf, nil
+	return nil
 }
 
 // limitedBuffer keeps up to limit bytes and notes whether more arrived; it keeps accepting
