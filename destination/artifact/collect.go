@@ -5,6 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"os"
+	"path/filepath"
 	"time"
 
 	"github.com/fenced-dev/fenced"
@@ -26,6 +28,10 @@ type Report struct {
 	Bytes   int64       // their total size
 	Kept    int         // objects kept: published, young, or of an attempt that may still publish
 	Skipped []string    // keys under KeyPrefix that are not artifact keys; never deleted
+	// Staged counts a file store's staging files older than the age, left by uploads that
+	// crashed before their commit, that were deleted (or would be, in a dry run). An upload
+	// still running whose staging file is deleted fails at its commit: no pointer is published.
+	Staged int
 }
 
 // Collect deletes the artifacts under KeyPrefix that no published pointer names and that no
@@ -128,7 +134,38 @@ func Collect(ctx context.Context, s *fenced.Store, b *Bucket, olderThan time.Dur
 			rep.Bytes += o.attr.Size
 		}
 	}
+	if b.dir != "" {
+		n, err := collectStaged(filepath.Join(b.dir, tmpDir), now, olderThan, dryRun)
+		rep.Staged = n
+		if err != nil {
+			return rep, fmt.Errorf("collect artifacts: staging files: %w", err)
+		}
+	}
 	return rep, nil
+}
+
+// collectStaged deletes staging files not written to for olderThan. A writer still streaming
+// keeps its file's modification time fresh; one that resumes after the deletion fails at the
+// link, which needs the staging file's name.
+func collectStaged(dir string, now time.Time, olderThan time.Duration, dryRun bool) (int, error) {
+	entries, err := os.ReadDir(dir)
+	if err != nil {
+		return 0, err
+	}
+	n := 0
+	for _, e := range entries {
+		fi, err := e.Info()
+		if err != nil || !fi.Mode().IsRegular() || now.Sub(fi.ModTime()) < olderThan {
+			continue
+		}
+		if !dryRun {
+			if err := os.Remove(filepath.Join(dir, e.Name())); err != nil && !os.IsNotExist(err) {
+				return n, err
+			}
+		}
+		n++
+	}
+	return n, nil
 }
 
 // testHookAfterRow, when set, runs between Collect's read of a resource's row and its read of

@@ -5,6 +5,8 @@ import (
 	"context"
 	"errors"
 	"io"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -201,4 +203,38 @@ func mustEncode(t *testing.T, p Pointer) []byte {
 		t.Fatal(err)
 	}
 	return b
+}
+
+// A file store upload that crashed before its commit leaves a staging file: Collect removes it
+// once old enough, and an upload whose staging file was removed under it fails at its commit,
+// so it can never publish a pointer to missing bytes.
+func TestCollectStagedFiles(t *testing.T) {
+	ctx, b := testCtx(t), fileStore.open(t)
+	staging := filepath.Join(b.dir, tmpDir)
+	if err := os.WriteFile(filepath.Join(staging, "upload-crashed"), []byte("partial"), 0o666); err != nil {
+		t.Fatal(err)
+	}
+	key := objectKey(resource, "owner", fenced.Token{Epoch: 3, Generation: 1}, newNonce())
+	collected := make(chan Report, 1)
+	testHookBeforeCommit = func(string) {
+		rep, err := Collect(ctx, nil, b, 0, false) // no objects to judge: the store is not read
+		if err != nil {
+			t.Error(err)
+		}
+		collected <- rep
+	}
+	defer func() { testHookBeforeCommit = nil }()
+	err := b.put(ctx, key, "", strings.NewReader("bytes"))
+	if err == nil || errors.Is(err, ErrExists) {
+		t.Fatalf("an upload whose staging file was collected: %v, want a failed commit", err)
+	}
+	if rep := <-collected; rep.Staged != 2 {
+		t.Fatalf("collect removed %d staging files, want 2", rep.Staged)
+	}
+	if ok, _ := b.b.Exists(ctx, key); ok {
+		t.Fatal("the object exists after a failed commit")
+	}
+	if entries, _ := os.ReadDir(staging); len(entries) != 0 {
+		t.Fatalf("staging files left: %v", entries)
+	}
 }

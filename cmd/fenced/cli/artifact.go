@@ -220,7 +220,7 @@ one store per database: objects are judged by this database's rows. Prints what 
 				out = append(out, deleted{c.Key, c.Resource, c.Token.Epoch, c.Token.Generation, c.Size})
 			}
 			return a.print(map[string]any{"dry_run": dryRun, "deleted": out, "deleted_bytes": rep.Bytes,
-				"kept": rep.Kept, "skipped": append([]string{}, rep.Skipped...)})
+				"kept": rep.Kept, "skipped": append([]string{}, rep.Skipped...), "staged_deleted": rep.Staged})
 		}),
 	}
 	cmd.Flags().StringVar(&olderThan, "older-than", "", "only objects at least this old, e.g. 24h (required)")

@@ -58,6 +58,7 @@ type gcOut struct {
 	DeletedBytes int64    `json:"deleted_bytes"`
 	Kept         int      `json:"kept"`
 	Skipped      []string `json:"skipped"`
+	Staged       int      `json:"staged_deleted"`
 }
 
 func artifactArgs(resource string, l leaseOut, file string, extra ...string) []string {
