@@ -59,7 +59,7 @@ func benchArtifact(b *testing.B, impl string, size int64) {
 	if err := s.Provision(ctx, res); err != nil {
 		b.Fatal(err)
 	}
-	bucket, err := OpenBucket(ctx, "file://"+filepath.ToSlash(filepath.Join(dir, "store")))
+	bucket, err := OpenBucket(ctx, FileURL(filepath.Join(dir, "store")))
 	if err != nil {
 		b.Fatal(err)
 	}

@@ -40,12 +40,18 @@ type URLError struct{ URL, Reason string }
 
 func (e *URLError) Error() string { return fmt.Sprintf("artifact store URL %q: %s", e.URL, e.Reason) }
 
-// OpenBucket opens a store by URL: file:///abs/dir (created if missing), azblob://container,
-// s3://bucket or gs://bucket, with gocloud.dev/blob's query parameters and environment.
+// OpenBucket opens a store by URL: file:///abs/dir (created if missing; see FileURL),
+// azblob://container, s3://bucket or gs://bucket, with gocloud.dev/blob's query parameters and
+// environment.
 func OpenBucket(ctx context.Context, rawURL string) (*Bucket, error) {
 	u, err := url.Parse(rawURL)
 	if err != nil {
 		return nil, &URLError{URL: rawURL, Reason: "it does not parse: " + err.Error()}
+	}
+	if u.Fragment != "" || strings.HasSuffix(rawURL, "#") {
+		// A '#' in a path must be written %23: unescaped, it would cut the path short and
+		// silently name another store.
+		return nil, &URLError{URL: rawURL, Reason: "it has a fragment (#...); write a '#' in a path as %23"}
 	}
 	switch u.Scheme {
 	case "file":
@@ -79,6 +85,12 @@ func OpenBucket(ctx context.Context, rawURL string) (*Bucket, error) {
 		return nil, fmt.Errorf("artifact store %q: the bucket or container does not exist", rawURL)
 	}
 	return &Bucket{b: b}, nil
+}
+
+// FileURL is the file store URL of an absolute directory, escaped so that any path (with '#',
+// '?' or '%' in it) names that directory.
+func FileURL(dir string) string {
+	return (&url.URL{Scheme: "file", Path: filepath.ToSlash(dir)}).String()
 }
 
 func openDir(dir string) (*Bucket, error) {

@@ -152,7 +152,7 @@ func postgresHome(t *testing.T) home {
 var fileStore = store{
 	name: "file",
 	open: func(t *testing.T) *Bucket {
-		b, err := OpenBucket(testCtx(t), "file://"+filepath.ToSlash(t.TempDir()))
+		b, err := OpenBucket(testCtx(t), FileURL(t.TempDir()))
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -1,6 +1,9 @@
 package artifact
 
 import (
+	"context"
+	"errors"
+	"path/filepath"
 	"strings"
 	"testing"
 
@@ -30,6 +33,27 @@ func TestKeyRoundTrip(t *testing.T) {
 		KeyPrefix + "/%41/1.1/o/n", KeyPrefix + "/%e2%82%ac/1.1/o/n", KeyPrefix + "/a b/1.1/o/n", KeyPrefix + "/%4/1.1/o/n"} {
 		if k, ok := parseKey(bad); ok {
 			t.Errorf("%q parsed as %+v", bad, k)
+		}
+	}
+}
+
+// A file store URL names exactly its directory: a '#' or '?' in the path is escaped by FileURL,
+// and an unescaped one is refused rather than cutting the path short.
+func TestFileURL(t *testing.T) {
+	ctx := context.Background()
+	dir := filepath.Join(t.TempDir(), "a#b?c%d é")
+	b, err := OpenBucket(ctx, FileURL(dir))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Close()
+	if b.dir != dir {
+		t.Fatalf("FileURL(%q) opened %q", dir, b.dir)
+	}
+	for _, bad := range []string{"file://" + dir, "file:///tmp/x#", "azblob://c#frag"} {
+		var ue *URLError
+		if _, err := OpenBucket(ctx, bad); !errors.As(err, &ue) {
+			t.Errorf("OpenBucket(%q): %v, want a URLError", bad, err)
 		}
 	}
 }

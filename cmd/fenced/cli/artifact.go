@@ -61,7 +61,7 @@ func (a *app) storeURL(cmd *cobra.Command, flag string) (string, error) {
 	if err != nil {
 		return "", fmt.Errorf("artifact store beside %s: %w", path, err)
 	}
-	return "file://" + filepath.ToSlash(abs), nil
+	return artifact.FileURL(abs), nil
 }
 
 // openBucket opens the selected store; a URL that cannot name a store is a usage error.

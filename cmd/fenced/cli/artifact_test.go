@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/fenced-dev/fenced/cmd/fenced/cli"
+	"github.com/fenced-dev/fenced/destination/artifact"
 	"github.com/fenced-dev/fenced/driver/drivertest"
 )
 
@@ -72,7 +73,7 @@ func TestArtifactHandover(t *testing.T) {
 	forEachTarget(t, func(tg target) {
 		t := tg.t
 		const res = "rapport annuel/€ 1"
-		store := "file://" + filepath.ToSlash(filepath.Join(tg.dir, "store"))
+		store := artifact.FileURL(filepath.Join(tg.dir, "store"))
 		env := []string{"FENCED_STORE=" + store}
 		ok := func(args ...string) []byte {
 			t.Helper()
@@ -205,7 +206,7 @@ func TestArtifactBadInput(t *testing.T) {
 	forEachTarget(t, func(tg target) {
 		t := tg.t
 		const res = "bad input"
-		store := "file://" + filepath.ToSlash(filepath.Join(tg.dir, "store"))
+		store := artifact.FileURL(filepath.Join(tg.dir, "store"))
 		runEnv(t, tg, nil, "provision", res)
 		runEnv(t, tg, nil, "epoch", "bump")
 		l := decode[leaseOut](t, runEnv(t, tg, nil, "acquire", res, "--ttl", "1m").stdout)
