@@ -99,7 +99,7 @@ func benchArtifact(b *testing.B, impl string, size int64) {
 			if n, err := io.Copy(io.Discard, r); err != nil || n != size {
 				b.Fatal(n, err)
 			}
-			r.Close()
+			_ = r.Close()
 		default:
 			p, err := PublishAndRelease(ctx, lease, bucket, src)
 			if err != nil {
@@ -115,7 +115,7 @@ func benchArtifact(b *testing.B, impl string, size int64) {
 			if n, err := r.WriteTo(io.Discard); err != nil || n != size {
 				b.Fatal(n, err)
 			}
-			r.Close()
+			_ = r.Close()
 		}
 		readTime += time.Since(start)
 		b.StopTimer()

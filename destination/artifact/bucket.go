@@ -78,10 +78,10 @@ func OpenBucket(ctx context.Context, rawURL string) (*Bucket, error) {
 	// Opening contacts nothing; a read proves the store is reachable before any upload starts.
 	switch ok, err := b.IsAccessible(ctx); {
 	case err != nil:
-		b.Close()
+		_ = b.Close()
 		return nil, fmt.Errorf("artifact store %q is not reachable: %w", rawURL, err)
 	case !ok:
-		b.Close()
+		_ = b.Close()
 		return nil, fmt.Errorf("artifact store %q: the bucket or container does not exist", rawURL)
 	}
 	return &Bucket{b: b}, nil
@@ -152,13 +152,13 @@ func (b *Bucket) putFile(ctx context.Context, key string, r io.Reader) error {
 	if err != nil {
 		return err
 	}
-	defer os.Remove(f.Name())
+	defer func() { _ = os.Remove(f.Name()) }()
 	if _, err := io.Copy(f, r); err != nil {
-		f.Close()
+		_ = f.Close()
 		return err
 	}
 	if err := f.Sync(); err != nil { // the pointer must never outlive the bytes in a crash
-		f.Close()
+		_ = f.Close()
 		return err
 	}
 	if err := f.Close(); err != nil {

@@ -81,7 +81,7 @@ func Open(ctx context.Context, s *fenced.Store, b *Bucket, resource string) (*Re
 	}
 	ar := &Reader{Pointer: p, Generation: gen, r: r, h: sha256.New(), name: resource}
 	if r.Size() != p.Size {
-		r.Close()
+		_ = r.Close()
 		return nil, fmt.Errorf("artifact %q (generation %d): the object is %d bytes, the pointer says %d: %w",
 			resource, gen, r.Size(), p.Size, ErrCorrupt)
 	}

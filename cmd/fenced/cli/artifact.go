@@ -143,9 +143,9 @@ func (a *app) getArtifact(cmd *cobra.Command, s *fenced.Store, resource string, 
 	if err != nil {
 		return fmt.Errorf("get: %w", err)
 	}
-	defer os.Remove(tmp.Name())
+	defer func() { _ = os.Remove(tmp.Name()) }()
 	if _, err := r.WriteTo(tmp); err != nil {
-		tmp.Close()
+		_ = tmp.Close()
 		return fmt.Errorf("%w; %s was not written", err, output)
 	}
 	if err := tmp.Close(); err != nil {
@@ -236,9 +236,9 @@ func writeFileAtomic(path string, data []byte) error {
 	if err != nil {
 		return fmt.Errorf("get: %w", err)
 	}
-	defer os.Remove(tmp.Name())
+	defer func() { _ = os.Remove(tmp.Name()) }()
 	if _, err := tmp.Write(data); err != nil {
-		tmp.Close()
+		_ = tmp.Close()
 		return fmt.Errorf("get: %w", err)
 	}
 	if err := tmp.Close(); err != nil {
