@@ -85,16 +85,16 @@ func Collect(ctx context.Context, s *fenced.Store, b *Bucket, olderThan time.Dur
 	now := time.Now()
 	for _, res := range order {
 		objs := byResource[res]
-		var young []obj
+		var old []obj
 		var err error
 		for _, o := range objs {
 			if now.Sub(o.attr.ModTime) < olderThan {
 				rep.Kept++
 				continue
 			}
-			young = append(young, o)
+			old = append(old, o)
 		}
-		if len(young) == 0 {
+		if len(old) == 0 {
 			continue
 		}
 		var st fenced.State
@@ -113,13 +113,13 @@ func Collect(ctx context.Context, s *fenced.Store, b *Bucket, olderThan time.Dur
 			published, err = publishedKey(ctx, s, res)
 		}
 		if errors.Is(err, fenced.ErrNotProvisioned) {
-			rep.Kept += len(young) // no row to prove anything against: keep
+			rep.Kept += len(old) // no row to prove anything against: keep
 			continue
 		}
 		if err != nil {
 			return rep, fmt.Errorf("collect artifacts: %w", err)
 		}
-		for _, o := range young {
+		for _, o := range old {
 			if o.attr.Key == published || !finished(st, o.key.token) {
 				rep.Kept++
 				continue

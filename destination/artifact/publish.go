@@ -116,12 +116,13 @@ func Build(b *Bucket, produce ProduceFunc, opts ...Option) fenced.BuildFunc {
 			done <- err
 		}()
 		p, err := upload(ctx, lease, b, pr, o)
-		pr.CloseWithError(errors.New("upload stopped")) // unblock produce if the upload failed
-		if perr := <-done; perr != nil {
-			return nil, perr
-		}
-		if err != nil {
-			return nil, err
+		pr.CloseWithError(errors.New("the artifact's upload stopped")) // unblock produce if the upload failed
+		perr := <-done
+		switch {
+		case perr != nil && (err == nil || errors.Is(err, perr)):
+			return nil, perr // the producer's failure, which also failed the upload
+		case err != nil:
+			return nil, err // the store's failure, which also stopped the producer
 		}
 		return encode(p)
 	}

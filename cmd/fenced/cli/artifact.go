@@ -154,6 +154,9 @@ func (a *app) getArtifact(cmd *cobra.Command, s *fenced.Store, resource string, 
 	return os.Rename(tmp.Name(), output)
 }
 
+// maxPointerBytes bounds a pointer payload: a key of at most 1024 bytes and a few fields.
+const maxPointerBytes = 4096
+
 // pointerJSON is what get --pointer prints, and show's "artifact".
 type pointerJSON struct {
 	artifact.Pointer
@@ -161,8 +164,12 @@ type pointerJSON struct {
 }
 
 // publishedPointer is the resource's published pointer for show, or nil when the published
-// payload is not one.
-func publishedPointer(ctx context.Context, s *fenced.Store, resource string) (*pointerJSON, error) {
+// payload is not one. A payload larger than any pointer is not read.
+func publishedPointer(ctx context.Context, s *fenced.Store, st fenced.State) (*pointerJSON, error) {
+	if st.PublishedGeneration == 0 || st.PayloadSize > maxPointerBytes {
+		return nil, nil
+	}
+	resource := st.Resource
 	p, gen, err := artifact.ReadPointer(ctx, s, resource)
 	switch {
 	case errors.Is(err, artifact.ErrNotArtifact), errors.Is(err, fenced.ErrNothingPublished):

@@ -324,7 +324,7 @@ When the payload is an artifact pointer, "artifact" holds it.`,
 				return err
 			}
 			out := newStateJSON(st)
-			if out.Artifact, err = publishedPointer(cmd.Context(), s, args[0]); err != nil {
+			if out.Artifact, err = publishedPointer(cmd.Context(), s, st); err != nil {
 				return err
 			}
 			return a.print(out)
