@@ -69,7 +69,7 @@ func collectRacingPublication(e *env) error {
 	}
 	testHookAfterRow = func(string) {
 		testHookAfterRow = nil
-		if err := lease.Publish(e.ctx, mustEncode(e.t, p)); err != nil {
+		if err := PublishPointer(e.ctx, lease, p); err != nil {
 			e.t.Errorf("publication between the reads: %v", err)
 		}
 		e.expire(resource)
@@ -237,4 +237,26 @@ func TestCollectStagedFiles(t *testing.T) {
 	if entries, _ := os.ReadDir(staging); len(entries) != 0 {
 		t.Fatalf("staging files left: %v", entries)
 	}
+}
+
+// PublishPointer refuses a pointer that another lease uploaded, before anything is sent.
+func TestPublishPointerOnlyOwnUpload(t *testing.T) {
+	forEach(t, func(t *testing.T, e *env) {
+		first := e.acquire()
+		p, err := Upload(e.ctx, first, e.b, strings.NewReader("first"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		e.expire(resource)
+		second := e.acquire()
+		if err := PublishPointer(e.ctx, second, p); !errors.Is(err, fenced.ErrInvalid) {
+			t.Fatalf("publishing another lease's upload: %v, want ErrInvalid", err)
+		}
+		if err := PublishPointer(e.ctx, first, p); !errors.Is(err, fenced.ErrRefused) {
+			t.Fatalf("the superseded lease's own pointer: %v, want refused", err)
+		}
+		if _, _, err := ReadPointer(e.ctx, e.s, resource); !errors.Is(err, fenced.ErrNothingPublished) {
+			t.Fatalf("after both: %v", err)
+		}
+	})
 }

@@ -144,3 +144,19 @@ func (c *countingReader) Read(p []byte) (int, error) {
 
 // IsPointer reports whether a published payload is an artifact pointer.
 func IsPointer(payload []byte) bool { return pointer.Is(payload) }
+
+// PublishPointer publishes, under lease, the pointer to an artifact that Upload stored earlier
+// under the same lease: the two-step form of Publish, for a holder that uploads long before it
+// knows whether to publish. A pointer from another lease's upload is refused with
+// fenced.ErrInvalid, before anything is sent.
+func PublishPointer(ctx context.Context, lease *fenced.Lease, p Pointer, opts ...fenced.PublishOption) error {
+	if k, ok := parseKey(p.Key); !ok || k.resource != lease.Resource() || k.token != lease.Token() {
+		return fmt.Errorf("artifact for %q: the pointer's key %q was not uploaded under this lease (generation %s): %w",
+			lease.Resource(), p.Key, lease.Token(), fenced.ErrInvalid)
+	}
+	payload, err := encode(p)
+	if err != nil {
+		return fmt.Errorf("artifact for %q: %w", lease.Resource(), err)
+	}
+	return lease.Publish(ctx, payload, opts...)
+}

@@ -18,6 +18,7 @@ import (
 
 	"github.com/fenced-dev/fenced"
 	"github.com/fenced-dev/fenced/backend/sqlite"
+	"github.com/fenced-dev/fenced/destination/artifact"
 )
 
 // The demo's schedule. Worker A's lease is short so that the demo is quick; it is paused far
@@ -36,7 +37,7 @@ func (a *app) demoCmd() *cobra.Command {
 		Use:   "demo",
 		Short: "Show, with real processes, a paused worker's stale write refused (and a plain lock losing it)",
 		Long: `Run the schedule that makes a lock unsafe, with real worker processes on a temporary
-SQLite database (removed afterwards; --db is ignored), twice:
+SQLite database (removed afterwards; --db is ignored), three times:
 
   1. Worker A acquires the lease (ttl 1s) and starts a long build.
   2. A is suspended with SIGSTOP, longer than its lease.
@@ -46,7 +47,9 @@ SQLite database (removed afterwards; --db is ignored), twice:
 
 With fenced, the database refuses A's publication (A exits 5) and B's result stays. With a
 naive lock (the same acquisition, then an unconditional UPDATE), A overwrites B's result.
-The demo exits 0 only when the fenced run kept B's result and the naive run lost it.
+The third run is fenced with the report as an artifact in a file store: A uploads before its
+pause, its pointer is refused, get returns B's artifact, and gc deletes A's orphan.
+The demo exits 0 only when both fenced runs kept B's result and the naive run lost it.
 
 With --destination gate the workers write to a participating service instead (a gate on its
 own SQLite database, served on loopback by the demo), and B builds for a while before writing:
@@ -82,14 +85,19 @@ func (a *app) demo(ctx context.Context) error {
 	fmt.Fprintf(a.stdout, "Worker A is paused with SIGSTOP past its %s lease; meanwhile worker B takes over.\n", demoTTLA)
 
 	fmt.Fprintf(a.stdout, "\n== Run 1: fenced (every write carries the lease's generation; the database checks it) ==\n")
-	fencedPayload, err := a.demoRun(ctx, exe, filepath.Join(dir, "fenced.db"), false)
+	fencedPayload, err := a.demoRun(ctx, exe, filepath.Join(dir, "fenced.db"), false, "")
 	if err != nil {
 		return fmt.Errorf("the fenced run failed: %w", err)
 	}
 	fmt.Fprintf(a.stdout, "\n== Run 2: naive lock (the same acquisition, then an unconditional UPDATE) ==\n")
-	naivePayload, err := a.demoRun(ctx, exe, filepath.Join(dir, "naive.db"), true)
+	naivePayload, err := a.demoRun(ctx, exe, filepath.Join(dir, "naive.db"), true, "")
 	if err != nil {
 		return fmt.Errorf("the naive run failed: %w", err)
+	}
+	fmt.Fprintf(a.stdout, "\n== Run 3: fenced, the report an artifact in a file store and only its pointer in the database ==\n")
+	artifactPayload, err := a.demoRun(ctx, exe, filepath.Join(dir, "artifact.db"), false, artifact.FileURL(filepath.Join(dir, "artifacts")))
+	if err != nil {
+		return fmt.Errorf("the artifact run failed: %w", err)
 	}
 
 	fmt.Fprintln(a.stdout)
@@ -98,8 +106,11 @@ func (a *app) demo(ctx context.Context) error {
 		return fmt.Errorf("the fenced run did not keep B's result: the final payload is %q", fencedPayload)
 	case naivePayload == payloadB:
 		return fmt.Errorf("the naive run kept B's result, so the schedule did not reproduce the lost write")
+	case artifactPayload != payloadB:
+		return fmt.Errorf("the artifact run did not keep B's artifact: get returned %q", artifactPayload)
 	}
-	fmt.Fprintln(a.stdout, "Result: with fenced the stale write was refused and B's result kept; with the naive lock A overwrote it.")
+	fmt.Fprintln(a.stdout, "Result: with fenced the stale write was refused and B's result kept; with the naive lock A overwrote it;")
+	fmt.Fprintln(a.stdout, "with an artifact, A's pointer was refused, readers got B's bytes, and A's orphan was collected.")
 	return nil
 }
 
@@ -108,8 +119,9 @@ const (
 	payloadB = "report by B"
 )
 
-// demoRun runs the schedule once on a fresh database file and returns the final payload.
-func (a *app) demoRun(ctx context.Context, exe, path string, naive bool) (string, error) {
+// demoRun runs the schedule once on a fresh database file and returns the final payload. With
+// store, the workers publish artifacts there, and the final payload is the artifact read back.
+func (a *app) demoRun(ctx context.Context, exe, path string, naive bool, store string) (string, error) {
 	start := time.Now()
 	say := func(actor, format string, args ...any) {
 		elapsed := fmt.Sprintf("+%.3fs", time.Since(start).Seconds())
@@ -135,7 +147,7 @@ func (a *app) demoRun(ctx context.Context, exe, path string, naive bool) (string
 	}
 
 	// 1. A acquires and reports, then waits for "go": its long build.
-	wa, err := startWorker(ctx, exe, url, "A", demoTTLA, payloadA, naive, true)
+	wa, err := startWorker(ctx, exe, url, "A", demoTTLA, payloadA, naive, true, storeArgs(store)...)
 	if err != nil {
 		return "", err
 	}
@@ -147,6 +159,12 @@ func (a *app) demoRun(ctx context.Context, exe, path string, naive bool) (string
 	genA := ev.Generation
 	say("A", "acquired generation %d (owner %s), lease until %s on the database's clock; starts a long build",
 		genA, short(ev.Owner), clock(ev.LeaseUntil))
+	if store != "" {
+		if ev, err = wa.expect("uploaded"); err != nil {
+			return "", err
+		}
+		say("A", "uploaded its report, %d bytes, as the artifact %s; its pointer is not published yet", ev.Bytes, ev.Key)
+	}
 
 	// 2. A is suspended.
 	if err := stopProcess(wa.cmd.Process); err != nil {
@@ -163,7 +181,7 @@ func (a *app) demoRun(ctx context.Context, exe, path string, naive bool) (string
 		clock(timeJSON(st.LeaseUntil)), clock(timeJSON(st.Now)))
 
 	// B takes over, publishes and releases.
-	wb, err := startWorker(ctx, exe, url, "B", demoTTLB, payloadB, naive, false)
+	wb, err := startWorker(ctx, exe, url, "B", demoTTLB, payloadB, naive, false, storeArgs(store)...)
 	if err != nil {
 		return "", err
 	}
@@ -176,7 +194,11 @@ func (a *app) demoRun(ctx context.Context, exe, path string, naive bool) (string
 	if _, err := wb.expect("published"); err != nil {
 		return "", err
 	}
-	say("B", "%s %q with generation %d: ACCEPTED", write, payloadB, ev.Generation)
+	if store != "" {
+		say("B", "uploaded %q as an artifact and published its pointer with generation %d: ACCEPTED", payloadB, ev.Generation)
+	} else {
+		say("B", "%s %q with generation %d: ACCEPTED", write, payloadB, ev.Generation)
+	}
 	if _, err := wb.expect("released"); err != nil {
 		return "", err
 	}
@@ -197,6 +219,9 @@ func (a *app) demoRun(ctx context.Context, exe, path string, naive bool) (string
 	if err != nil {
 		return "", err
 	}
+	if store != "" {
+		write = "published the pointer to its artifact"
+	}
 	if ev.Event == "refused" {
 		say("A", "%s %q with generation %d: REFUSED by the database (%s)", write, payloadA, genA, ev.Reason)
 	} else {
@@ -205,6 +230,9 @@ func (a *app) demoRun(ctx context.Context, exe, path string, naive bool) (string
 	code := wa.wait()
 	say("A", "exited with code %d", code)
 
+	if store != "" {
+		return a.demoArtifactEnd(ctx, s, store, say)
+	}
 	payload, gen, err := s.Get(ctx, demoResource)
 	if err != nil {
 		return "", err
@@ -215,6 +243,48 @@ func (a *app) demoRun(ctx context.Context, exe, path string, naive bool) (string
 	}
 	say("demo", "final payload %q (published generation %d): %s", payload, gen, verdict)
 	return string(payload), nil
+}
+
+// storeArgs are a demo worker's arguments for an artifact store, none without one.
+func storeArgs(store string) []string {
+	if store == "" {
+		return nil
+	}
+	return []string{"--store", store}
+}
+
+// demoArtifactEnd reads the published artifact back through its pointer, then collects A's
+// orphan, and returns what was read.
+func (a *app) demoArtifactEnd(ctx context.Context, s *fenced.Store, store string, say func(actor, format string, args ...any)) (string, error) {
+	b, err := artifact.OpenBucket(ctx, store)
+	if err != nil {
+		return "", err
+	}
+	defer b.Close()
+	r, err := artifact.Open(ctx, s, b, demoResource)
+	if err != nil {
+		return "", err
+	}
+	defer r.Close()
+	var got bytes.Buffer
+	if _, err := r.WriteTo(&got); err != nil {
+		return "", err
+	}
+	verdict := "B's artifact was kept"
+	if got.String() != payloadB {
+		verdict = "B's artifact was LOST"
+	}
+	say("demo", "get follows the pointer of generation %d to %s: %q, size and SHA-256 verified: %s",
+		r.Generation, r.Pointer.Key, got.String(), verdict)
+	rep, err := artifact.Collect(ctx, s, b, 0, false)
+	if err != nil {
+		return "", err
+	}
+	for _, c := range rep.Deleted {
+		say("demo", "gc deleted the orphan of generation %d, %s (%d bytes): no pointer names it and its lease can never publish", c.Token.Generation, c.Key, c.Size)
+	}
+	say("demo", "gc kept %d artifact(s), the published one", rep.Kept)
+	return got.String(), nil
 }
 
 // waitExpired polls the database until generation gen's lease is no longer held on its clock.
@@ -270,6 +340,8 @@ type workerEvent struct {
 	LeaseUntil *string `json:"lease_until,omitempty"`
 	Reason     string  `json:"reason,omitempty"`
 	Token      string  `json:"token,omitempty"`
+	Key        string  `json:"key,omitempty"`   // an uploaded artifact's key
+	Bytes      int64   `json:"bytes,omitempty"` // and its size
 }
 
 // worker is one demo-worker process seen from the demo. Only the demo's goroutine uses it.
@@ -399,8 +471,8 @@ func (w *worker) stderrText() string {
 // on stdin (its long build), publishes or writes, and reports each step as a JSON line.
 func (a *app) demoWorkerCmd() *cobra.Command {
 	var (
-		name, ttl, payload, service string
-		naive, wait, release, fence bool
+		name, ttl, payload, service, store string
+		naive, wait, release, fence        bool
 	)
 	cmd := &cobra.Command{
 		Use:    "demo-worker",
@@ -415,6 +487,9 @@ func (a *app) demoWorkerCmd() *cobra.Command {
 			if service != "" {
 				return a.demoServiceWorker(cmd, service, d, []byte(payload), fence, wait)
 			}
+			if store != "" {
+				return a.demoArtifactWorker(cmd, name, d, []byte(payload), wait, release, store)
+			}
 			return a.demoWorker(cmd, name, d, []byte(payload), naive, wait, release)
 		}),
 	}
@@ -426,6 +501,7 @@ func (a *app) demoWorkerCmd() *cobra.Command {
 	cmd.Flags().BoolVar(&release, "release", false, "release after publishing")
 	cmd.Flags().StringVar(&service, "service", "", "write to this participating service instead of publishing")
 	cmd.Flags().BoolVar(&fence, "fence", false, "fence the service right after acquiring")
+	cmd.Flags().StringVar(&store, "store", "", "publish the payload as an artifact in this store")
 	return cmd
 }
 
@@ -465,6 +541,64 @@ func (a *app) demoWorker(cmd *cobra.Command, name string, ttl time.Duration, pay
 			return fmt.Errorf("write payload: %w", err)
 		}
 	} else if err := lease.Publish(ctx, payload); err != nil {
+		var refused *fenced.RefusedError
+		if errors.As(err, &refused) {
+			reason := fmt.Sprintf("cause %s", refused.Cause)
+			if refused.Cause == fenced.CauseSuperseded {
+				reason = fmt.Sprintf("generation %d was superseded by generation %d", refused.Generation, refused.CurrentGeneration)
+			}
+			_ = a.print(workerEvent{Event: "refused", Generation: lease.Generation(), Reason: reason})
+		}
+		return err
+	}
+	if err := a.print(workerEvent{Event: "published", Generation: lease.Generation()}); err != nil {
+		return err
+	}
+	if release {
+		if err := lease.Release(ctx); err != nil {
+			return err
+		}
+		return a.print(workerEvent{Event: "released", Generation: lease.Generation()})
+	}
+	return nil
+}
+
+// demoArtifactWorker is demoWorker with the payload as an artifact: it uploads right after
+// acquiring, before its long build ends, and publishes the pointer afterwards.
+func (a *app) demoArtifactWorker(cmd *cobra.Command, name string, ttl time.Duration, payload []byte, wait, release bool, store string) error {
+	ctx := cmd.Context()
+	b, err := artifact.OpenBucket(ctx, store)
+	if err != nil {
+		return err
+	}
+	defer b.Close()
+	s, err := a.open(cmd)
+	if err != nil {
+		return err
+	}
+	defer s.Close()
+	lease, err := s.Acquire(ctx, demoResource, ttl)
+	if err != nil {
+		return err
+	}
+	if err := a.print(workerEvent{Event: "acquired", Generation: lease.Generation(), Owner: lease.Owner(),
+		LeaseUntil: timeJSON(lease.LeaseUntil())}); err != nil {
+		return err
+	}
+	p, err := artifact.Upload(ctx, lease, b, bytes.NewReader(payload), artifact.WithContentType("text/plain"))
+	if err != nil {
+		return err
+	}
+	if wait {
+		if err := a.print(workerEvent{Event: "uploaded", Generation: lease.Generation(), Key: p.Key, Bytes: p.Size}); err != nil {
+			return err
+		}
+		line, err := bufio.NewReader(a.stdin).ReadString('\n')
+		if strings.TrimSpace(line) != "go" {
+			return fmt.Errorf("worker %s: expected \"go\" on standard input: %v", name, err)
+		}
+	}
+	if err := artifact.PublishPointer(ctx, lease, p); err != nil {
 		var refused *fenced.RefusedError
 		if errors.As(err, &refused) {
 			reason := fmt.Sprintf("cause %s", refused.Cause)
