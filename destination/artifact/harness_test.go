@@ -56,9 +56,11 @@ func testCtx(t *testing.T) context.Context {
 	return ctx
 }
 
-func newStore(t *testing.T, drv driver.Driver) *fenced.Store {
+func newStore(t *testing.T, drv driver.Driver) *fenced.Store { return newStoreWith(t, drv, nil) }
+
+func newStoreWith(t *testing.T, drv driver.Driver, cfg *fenced.Config) *fenced.Store {
 	t.Helper()
-	s, err := fenced.New(testCtx(t), drv, &fenced.Config{Logger: nil})
+	s, err := fenced.New(testCtx(t), drv, cfg)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -127,8 +127,10 @@ func redisHome(t *testing.T) home {
 	return home{
 		name: "redis",
 		open: func(t *testing.T) (*fenced.Store, *fenced.Store, func()) {
+			// The shared test server runs without persistence; durability is not under test here.
+			cfg := &fenced.Config{AllowNonDurable: true}
 			lossy, arm := drivertest.LoseReplies(open(t))
-			return newStore(t, open(t)), newStore(t, lossy), arm
+			return newStoreWith(t, open(t), cfg), newStoreWith(t, lossy, cfg), arm
 		},
 		expire: func(ctx context.Context, resource string) error {
 			return expireScript.Run(ctx, admin.Client(), []string{admin.Key(resource)}).Err()

@@ -546,10 +546,10 @@ func TestDemo(t *testing.T) {
 		regexp.MustCompile(`final payload "report by B" \(published generation 2\): B's result was kept`),
 		regexp.MustCompile(`A +wrote \(unconditionally\) "report by A" with generation 1: ACCEPTED`),
 		regexp.MustCompile(`final payload "report by A" \(published generation 1\): B's result was LOST`),
-		regexp.MustCompile(`A +uploaded its report, 11 bytes, as the artifact fenced-artifacts/nightly-report/1\.1/`),
+		regexp.MustCompile(`A +uploaded its report, 11 bytes, as the artifact fenced-artifacts/nightly-report/\d+\.1/`),
 		regexp.MustCompile(`A +published the pointer to its artifact "report by A" with generation 1: REFUSED by the database \(generation 1 was superseded by generation 2\)`),
 		regexp.MustCompile(`get follows the pointer of generation 2 to \S+: "report by B", size and SHA-256 verified: B's artifact was kept`),
-		regexp.MustCompile(`gc deleted the orphan of generation 1, fenced-artifacts/nightly-report/1\.1/\S+ \(11 bytes\)`),
+		regexp.MustCompile(`gc deleted the orphan of generation 1, fenced-artifacts/nightly-report/\d+\.1/\S+ \(11 bytes\)`),
 		regexp.MustCompile(`(?m)^Result: `),
 	} {
 		if !want.MatchString(out) {
