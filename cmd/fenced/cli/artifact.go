@@ -295,6 +295,6 @@ func (a *app) runArtifact(cmd *cobra.Command, args []string, opts *fenced.RunOpt
 	if err != nil {
 		return err
 	}
-	return a.print(map[string]any{"resource": res.Resource, "owner": res.Owner, "epoch": res.Token.Epoch,
-		"generation": res.Generation, "published_generation": res.Generation, "store": storeURL, "artifact": p})
+	return a.print(map[string]any{"resource": res.Resource, "owner": res.Owner, "token": res.Token.String(),
+		"epoch": res.Token.Epoch, "generation": res.Generation, "published_generation": res.Generation, "store": storeURL, "artifact": p})
 }
