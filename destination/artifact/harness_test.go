@@ -46,7 +46,7 @@ type namedHome struct {
 }
 
 func homes() []namedHome {
-	return []namedHome{{"sqlite", sqliteHome}, {"postgres", postgresHome}, {"mariadb", mariadbHome}, {"redis", redisHome}}
+	return []namedHome{{"sqlite", sqliteHome}, {"postgres", postgresHome}, {"mariadb", mariadbHome}, {"redis", redisHome}, {"etcd", etcdHome}}
 }
 func stores() []store { return []store{fileStore, azuriteStore} }
 
