@@ -12,7 +12,9 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	clientv3 "go.etcd.io/etcd/client/v3"
 
+	"github.com/fenced-dev/fenced/backend/etcd"
 	"github.com/fenced-dev/fenced/backend/mysql"
 	"github.com/fenced-dev/fenced/backend/redis"
 	"github.com/fenced-dev/fenced/driver/drivertest"
@@ -20,8 +22,7 @@ import (
 
 // forEveryBackend runs body through the CLI against every backend a server for which answers
 // here: SQLite, PostgreSQL (as the schema's owner and as a role restricted with "fenced
-// grant"), MariaDB/MySQL and Redis. etcd is covered by the library's conformance suite only:
-// its test cluster is embedded in the etcd module's tests, not available to these.
+// grant"), MariaDB/MySQL, Redis and etcd (the single member .ci/run starts).
 func forEveryBackend(t *testing.T, body func(tg target)) {
 	forEachTarget(t, body)
 	t.Run("postgres-granted-role", func(t *testing.T) {
@@ -36,6 +37,49 @@ func forEveryBackend(t *testing.T, body func(tg target)) {
 		t.Parallel()
 		body(target{t: t, url: redisPrefix(t), dir: t.TempDir(), lossy: true})
 	})
+	t.Run("etcd", func(t *testing.T) {
+		t.Parallel()
+		body(target{t: t, url: etcdPrefix(t), dir: t.TempDir()})
+	})
+}
+
+// etcdPrefix returns an etcd URL whose keys live under a prefix of this test's own, deleted in
+// Cleanup. The server comes from FENCED_TEST_ETCD (.ci/run starts one member on loopback).
+func etcdPrefix(t *testing.T) string {
+	ping := func(u string) error {
+		d, err := etcd.Open(u)
+		if err != nil {
+			return err
+		}
+		defer d.Close()
+		ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
+		defer cancel()
+		_, err = d.Client().Get(ctx, "fenced-cli-test-ping")
+		return err
+	}
+	server := drivertest.ServerURL(t, "FENCED_TEST_ETCD", "etcd://127.0.0.1:2379", ping)
+	prefix := "fenced-cli-test/" + rand.Text() + "/"
+	t.Cleanup(func() {
+		d, err := etcd.Open(server)
+		if err != nil {
+			t.Error(err)
+			return
+		}
+		defer d.Close()
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		if _, err := d.Client().Delete(ctx, prefix, clientv3.WithPrefix()); err != nil {
+			t.Errorf("delete test keys: %v", err)
+		}
+	})
+	u, err := url.Parse(server)
+	if err != nil {
+		t.Fatal(err)
+	}
+	q := u.Query()
+	q.Set("prefix", prefix)
+	u.RawQuery = q.Encode()
+	return u.String()
 }
 
 // grantedPostgres is a fresh schema, migrated by its owner, and a new login role granted with
