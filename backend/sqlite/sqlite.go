@@ -1,9 +1,11 @@
 // Package sqlite runs the fenced protocol on an SQLite database file: the embedded default,
 // with nothing to set up.
 //
-// Every operation is one autocommit statement. A single writing statement takes SQLite's write
-// lock when it starts, so the busy timeout applies to it; the one multi-statement transaction
-// (migration) begins with BEGIN IMMEDIATE for the same reason. Expiry is judged by SQLite's
+// Every operation is one conditional statement (a publication and an epoch bump: two, together).
+// The operations of one Driver queue for one writer, which applies all that are queued in one
+// IMMEDIATE transaction with one commit (group commit, see group.go); BEGIN IMMEDIATE takes
+// SQLite's write lock up front, so the busy timeout applies to it. Migration is its own
+// IMMEDIATE transaction. Expiry is judged by SQLite's
 // clock (the clock of the machine running the process that executes the statement), so every
 // process that shares the file must share that machine's clock: the file is for one host.
 package sqlite
@@ -39,11 +41,12 @@ type Driver struct {
 	db    *sql.DB
 	owned bool
 	clock string // replaces nowMicros in every statement when set (WithClockOffsetFile)
-	// writes lets one of this driver's writes at a time reach SQLite. SQLite admits one writer
-	// anyway; without this, goroutines of one process would meet in SQLite's busy handler,
-	// whose growing back-off can starve one writer past the busy timeout (measured: see
-	// docs/BENCHMARKS.md). Other processes still meet in the busy handler.
-	writes chan struct{}
+	// w queues this driver's writes for one writer goroutine, which applies everything queued
+	// in one transaction (group.go). SQLite admits one writer anyway; without the queue,
+	// goroutines of one process would meet in SQLite's busy handler, whose growing back-off can
+	// starve one writer past the busy timeout (measured: see docs/BENCHMARKS.md). Other
+	// processes still meet in the busy handler.
+	w writer
 }
 
 var _ driver.Driver = (*Driver)(nil)
@@ -51,7 +54,7 @@ var _ driver.Driver = (*Driver)(nil)
 // New returns a driver over a handle the caller opened and keeps ownership of. The handle must
 // use the "sqlite" driver (modernc.org/sqlite) with a busy timeout, WAL journal mode and
 // synchronous=FULL on every connection; DSN builds a data source name that does so.
-func New(db *sql.DB) *Driver { return &Driver{db: db, writes: make(chan struct{}, 1)} }
+func New(db *sql.DB) *Driver { return &Driver{db: db} }
 
 // DSN returns the data source name Open uses for the database file at path: WAL,
 // synchronous=FULL (so an acknowledged generation survives power loss), a 10 s busy timeout,
@@ -75,7 +78,7 @@ func Open(path string, opts ...Option) (*Driver, error) {
 	if err := checkPath(path); err != nil {
 		return nil, err
 	}
-	d := &Driver{owned: true, writes: make(chan struct{}, 1)}
+	d := &Driver{owned: true}
 	for _, o := range opts {
 		if err := o(d); err != nil {
 			return nil, fmt.Errorf("open sqlite %s: %w", path, err)
@@ -255,25 +258,23 @@ func (d *Driver) Migrate(ctx context.Context) error {
 var _ driver.DurabilityChecker = (*Driver)(nil)
 
 func (d *Driver) Provision(ctx context.Context, resource string) error {
-	release, err := d.write(ctx)
-	if err != nil {
+	return d.exec(ctx, func(ctx context.Context, conn *sql.Conn) error {
+		_, err := conn.ExecContext(ctx, d.q(sqlProvision), resource)
 		return err
-	}
-	defer release()
-	_, err = d.db.ExecContext(ctx, d.q(sqlProvision), resource)
-	return err
+	})
 }
 
 func (d *Driver) Acquire(ctx context.Context, resource, owner string, ttl time.Duration) (driver.Grant, error) {
-	var epoch, gen, until int64
-	release, err := d.write(ctx)
+	var (
+		epoch, gen, until int64
+		ok                bool
+	)
+	err := d.exec(ctx, func(ctx context.Context, conn *sql.Conn) (err error) {
+		ok, err = queryOne(ctx, conn, d.q(sqlAcquire), []any{resource, owner, ttl.Microseconds()}, &epoch, &gen, &until)
+		return err
+	})
 	if err != nil {
-		return driver.Grant{}, err
-	}
-	ok, err := queryOne(ctx, d.db, d.q(sqlAcquire), []any{resource, owner, ttl.Microseconds()}, &epoch, &gen, &until)
-	release()
-	if err != nil {
-		return driver.Grant{}, classify(err)
+		return driver.Grant{}, err // exec classified it
 	}
 	if !ok {
 		// Refused; reading the row only explains why. It is embedded, so this costs microseconds.
@@ -287,15 +288,16 @@ func (d *Driver) Acquire(ctx context.Context, resource, owner string, ttl time.D
 }
 
 func (d *Driver) Renew(ctx context.Context, l driver.LeaseRef, ttl time.Duration) (time.Time, bool, error) {
-	release, err := d.write(ctx)
-	if err != nil {
-		return time.Time{}, false, err
-	}
-	defer release()
-	var until int64
-	ok, err := queryOne(ctx, d.db, d.q(sqlRenew), []any{l.Resource, l.Owner, l.Generation, l.Epoch, ttl.Microseconds()}, &until)
+	var (
+		until int64
+		ok    bool
+	)
+	err := d.exec(ctx, func(ctx context.Context, conn *sql.Conn) (err error) {
+		ok, err = queryOne(ctx, conn, d.q(sqlRenew), []any{l.Resource, l.Owner, l.Generation, l.Epoch, ttl.Microseconds()}, &until)
+		return err
+	})
 	if !ok || err != nil {
-		return time.Time{}, false, classify(err)
+		return time.Time{}, false, err
 	}
 	return fromMicros(until), true, nil
 }
@@ -309,16 +311,12 @@ func (d *Driver) PublishAndRelease(ctx context.Context, l driver.LeaseRef, pub d
 }
 
 // publish runs the conditional UPDATE and records the operation id as accepted, in one
-// IMMEDIATE transaction: both happen or neither does.
+// operation of the group (its savepoint): both happen or neither does.
 func (d *Driver) publish(ctx context.Context, query string, l driver.LeaseRef, pub driver.Publication) (bool, error) {
-	release, err := d.write(ctx)
-	if err != nil {
-		return false, err
-	}
-	defer release()
 	args := []any{l.Resource, l.Owner, l.Generation, l.Epoch, nonNil(pub.Payload), pub.SourceVersion, pub.OpID}
 	var ok bool
-	err = d.immediate(ctx, func(conn *sql.Conn) error {
+	err := d.exec(ctx, func(ctx context.Context, conn *sql.Conn) error {
+		ok = false
 		res, err := conn.ExecContext(ctx, d.q(query), args...)
 		if err != nil {
 			return err
@@ -340,13 +338,15 @@ func (d *Driver) publish(ctx context.Context, query string, l driver.LeaseRef, p
 }
 
 func (d *Driver) Release(ctx context.Context, l driver.LeaseRef) (bool, error) {
-	release, err := d.write(ctx)
+	var ok bool
+	err := d.exec(ctx, func(ctx context.Context, conn *sql.Conn) (err error) {
+		ok, err = execOne(ctx, conn, d.q(sqlRelease), l.Resource, l.Owner, l.Generation, l.Epoch)
+		return err
+	})
 	if err != nil {
 		return false, err
 	}
-	defer release()
-	ok, err := execOne(ctx, d.db, d.q(sqlRelease), l.Resource, l.Owner, l.Generation, l.Epoch)
-	return ok, classify(err)
+	return ok, nil
 }
 
 func (d *Driver) Read(ctx context.Context, resource string) (driver.State, error) {
@@ -392,43 +392,44 @@ func (d *Driver) ReadPayload(ctx context.Context, resource string) ([]byte, int6
 }
 
 func (d *Driver) ResolveOperation(ctx context.Context, opID string) (driver.Operation, error) {
-	release, err := d.write(ctx)
-	if err != nil {
-		return driver.Operation{}, err
+	var (
+		op  driver.Operation
+		err error
+	)
+	xerr := d.exec(ctx, func(ctx context.Context, conn *sql.Conn) error {
+		op, err = d.operation(ctx, conn, sqlResolve, opID)
+		return err
+	})
+	if xerr != nil {
+		return driver.Operation{OpID: opID}, xerr
 	}
-	defer release()
-	return d.operation(ctx, sqlResolve, opID)
+	return op, nil
 }
 
 func (d *Driver) ReadOperation(ctx context.Context, opID string) (driver.Operation, error) {
-	return d.operation(ctx, sqlReadOperation, opID)
+	return d.operation(ctx, d.db, sqlReadOperation, opID)
 }
 
-func (d *Driver) operation(ctx context.Context, query, opID string) (driver.Operation, error) {
+func (d *Driver) operation(ctx context.Context, db querier, query, opID string) (driver.Operation, error) {
 	var (
 		op                 = driver.Operation{OpID: opID}
 		resource           sql.NullString
 		epoch, gen, atUsec sql.NullInt64
 	)
-	ok, err := queryOne(ctx, d.db, d.q(query), []any{opID}, &op.Outcome, &resource, &epoch, &gen, &atUsec)
+	ok, err := queryOne(ctx, db, d.q(query), []any{opID}, &op.Outcome, &resource, &epoch, &gen, &atUsec)
 	if err != nil || !ok {
-		return driver.Operation{OpID: opID}, classify(err)
+		return driver.Operation{OpID: opID}, err
 	}
 	op.Resource, op.Epoch, op.Generation = resource.String, epoch.Int64, gen.Int64
 	op.RecordedAt = fromMicros(atUsec.Int64)
 	return op, nil
 }
 
-// BumpEpoch sets the epoch to max(epoch + 1, the clock) and frees every lease in one IMMEDIATE
-// transaction.
+// BumpEpoch sets the epoch to max(epoch + 1, the clock) and frees every lease, in one
+// operation of the group (its savepoint): both happen or neither does.
 func (d *Driver) BumpEpoch(ctx context.Context) (int64, error) {
-	release, err := d.write(ctx)
-	if err != nil {
-		return 0, err
-	}
-	defer release()
 	var epoch int64
-	err = d.immediate(ctx, func(conn *sql.Conn) error {
+	err := d.exec(ctx, func(ctx context.Context, conn *sql.Conn) error {
 		if err := conn.QueryRowContext(ctx, d.q(sqlBumpEpoch)).Scan(&epoch); err != nil {
 			return err
 		}
@@ -439,16 +440,16 @@ func (d *Driver) BumpEpoch(ctx context.Context) (int64, error) {
 }
 
 func (d *Driver) PruneOperations(ctx context.Context, age time.Duration) (int64, error) {
-	release, err := d.write(ctx)
-	if err != nil {
-		return 0, err
-	}
-	defer release()
-	res, err := d.db.ExecContext(ctx, d.q(sqlPrune), age.Microseconds())
-	if err != nil {
-		return 0, err
-	}
-	return res.RowsAffected()
+	var n int64
+	err := d.exec(ctx, func(ctx context.Context, conn *sql.Conn) error {
+		res, err := conn.ExecContext(ctx, d.q(sqlPrune), age.Microseconds())
+		if err != nil {
+			return err
+		}
+		n, err = res.RowsAffected()
+		return err
+	})
+	return n, err
 }
 
 // CheckDurability reports settings of the connection that can lose acknowledged commits.
@@ -478,41 +479,6 @@ func (d *Driver) CheckDurability(ctx context.Context) ([]string, error) {
 	return out, nil
 }
 
-// write waits for this driver's turn to write; the caller runs the returned release. Waiting is
-// cut short by ctx, before anything was sent.
-func (d *Driver) write(ctx context.Context) (release func(), err error) {
-	select {
-	case d.writes <- struct{}{}:
-		return func() { <-d.writes }, nil
-	case <-ctx.Done():
-		return nil, driver.NotApplied(ctx.Err())
-	}
-}
-
-// immediate runs fn inside BEGIN IMMEDIATE ... COMMIT on one connection, so that the write lock
-// is taken up front (and the busy timeout applies) whatever the handle's _txlock setting. An
-// error before COMMIT rolls back and is reported as not applied.
-func (d *Driver) immediate(ctx context.Context, fn func(*sql.Conn) error) error {
-	conn, err := d.db.Conn(ctx)
-	if err != nil {
-		return driver.NotApplied(err)
-	}
-	defer conn.Close()
-	if _, err := conn.ExecContext(ctx, "BEGIN IMMEDIATE"); err != nil {
-		return driver.NotApplied(err)
-	}
-	if err := fn(conn); err != nil {
-		if _, rerr := conn.ExecContext(context.WithoutCancel(ctx), "ROLLBACK"); rerr != nil {
-			return fmt.Errorf("%w (rollback: %v)", err, rerr)
-		}
-		return driver.NotApplied(err)
-	}
-	if _, err := conn.ExecContext(ctx, "COMMIT"); err != nil {
-		return classify(err)
-	}
-	return nil
-}
-
 // classify marks an error after which the statement certainly did not take effect. In an
 // embedded engine a failed statement has rolled back, except when writing or syncing the
 // commit itself failed (an I/O error, a full disk, corruption): then the outcome is unknown.
@@ -531,9 +497,15 @@ func classify(err error) error {
 	return err
 }
 
+// querier is a handle or one of its connections.
+type querier interface {
+	ExecContext(ctx context.Context, query string, args ...any) (sql.Result, error)
+	QueryContext(ctx context.Context, query string, args ...any) (*sql.Rows, error)
+}
+
 // queryOne runs a statement with RETURNING, reads its result to the end and checks every error
 // before trusting the row: ok is true only when exactly one row came back.
-func queryOne(ctx context.Context, db *sql.DB, query string, args []any, dest ...any) (bool, error) {
+func queryOne(ctx context.Context, db querier, query string, args []any, dest ...any) (bool, error) {
 	rows, err := db.QueryContext(ctx, query, args...)
 	if err != nil {
 		return false, err
@@ -561,7 +533,7 @@ func queryOne(ctx context.Context, db *sql.DB, query string, args []any, dest ..
 }
 
 // execOne runs a conditional UPDATE; ok is true when it changed exactly one row.
-func execOne(ctx context.Context, db *sql.DB, query string, args ...any) (bool, error) {
+func execOne(ctx context.Context, db querier, query string, args ...any) (bool, error) {
 	res, err := db.ExecContext(ctx, query, args...)
 	if err != nil {
 		return false, err

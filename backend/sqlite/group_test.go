@@ -1,0 +1,279 @@
+package sqlite
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"path/filepath"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/fenced-dev/fenced/driver"
+)
+
+// groupDriver opens a migrated store whose epoch was bumped (so that epoch != generation) and
+// provisions the resources.
+func groupDriver(t *testing.T, resources ...string) *Driver {
+	t.Helper()
+	ctx := context.Background()
+	d, err := Open(filepath.Join(t.TempDir(), "group.db"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = d.Close() })
+	if err := d.Migrate(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := d.BumpEpoch(ctx); err != nil {
+		t.Fatal(err)
+	}
+	for _, r := range resources {
+		if err := d.Provision(ctx, r); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return d
+}
+
+// holdWriter makes the writer wait, before it takes the queue, until n operations are queued:
+// the barrier that puts them all in one group. It returns the sizes of the transactions the
+// writer then commits.
+func holdWriter(d *Driver, n int) (commits func() []int) {
+	var (
+		mu     sync.Mutex
+		sizes  []int
+		queued = make(chan struct{})
+		once   sync.Once
+	)
+	setHooks(d, func(w *writer) {
+		w.queued = func(k int) {
+			if k == n {
+				close(queued)
+			}
+		}
+		w.beforeTake = func() { once.Do(func() { <-queued }) }
+		w.committed = func(k int, err error) {
+			mu.Lock()
+			defer mu.Unlock()
+			if err == nil {
+				sizes = append(sizes, k)
+			} else {
+				sizes = append(sizes, -abs(k)) // a failed transaction
+			}
+		}
+	})
+	return func() []int {
+		mu.Lock()
+		defer mu.Unlock()
+		return append([]int(nil), sizes...)
+	}
+}
+
+// groupScenario queues, behind the barrier, acquisitions of distinct resources, two
+// acquisitions of one resource, and an operation whose first statement writes and whose second
+// fails; it returns what went wrong.
+func groupScenario(t *testing.T, mutate func(*Driver)) (problems []string) {
+	ctx := context.Background()
+	distinct := []string{"res one", "rés två", "ресурс 3", "資源 4"}
+	const contested, poisoned = "contested\x00 one", "poisoned resource"
+	d := groupDriver(t, append(distinct, contested, poisoned)...)
+	mutate(d)
+	before, err := d.Read(ctx, poisoned)
+	if err != nil {
+		t.Fatal(err)
+	}
+	n := len(distinct) + 3
+	commits := holdWriter(d, n)
+
+	var wg sync.WaitGroup
+	grants := make([]error, len(distinct))
+	for i, r := range distinct {
+		wg.Go(func() {
+			_, grants[i] = d.Acquire(ctx, r, fmt.Sprintf("owner %d", i), time.Minute)
+		})
+	}
+	contestedErrs := make([]error, 2)
+	for i := range contestedErrs {
+		wg.Go(func() {
+			_, contestedErrs[i] = d.Acquire(ctx, contested, fmt.Sprintf("rival %d", i), time.Minute)
+		})
+	}
+	var poisonErr error
+	wg.Go(func() {
+		poisonErr = d.exec(ctx, func(ctx context.Context, conn *sql.Conn) error {
+			if _, err := conn.ExecContext(ctx, `UPDATE fenced_resources SET payload = X'00ff00', published_generation = 99 WHERE resource = ?`, poisoned); err != nil {
+				return err
+			}
+			_, err := conn.ExecContext(ctx, `INSERT INTO fenced_resources (resource) VALUES (?)`, poisoned) // duplicate key
+			return err
+		})
+	})
+	wg.Wait()
+
+	if got := commits(); len(got) != 1 || got[0] != n {
+		problems = append(problems, fmt.Sprintf("transactions of sizes %v, want one of %d operations", got, n))
+	}
+	for i, err := range grants {
+		if err != nil {
+			problems = append(problems, fmt.Sprintf("acquire of %q: %v", distinct[i], err))
+		}
+	}
+	var busy *driver.BusyError
+	switch a, b := contestedErrs[0], contestedErrs[1]; {
+	case a == nil && errors.As(b, &busy), b == nil && errors.As(a, &busy):
+	default:
+		problems = append(problems, fmt.Sprintf("two acquisitions of one resource in one group: %v and %v, want one granted and one busy", a, b))
+	}
+	if poisonErr == nil || !errors.Is(poisonErr, driver.ErrNotApplied) {
+		problems = append(problems, fmt.Sprintf("the failing operation returned %v, want a not-applied error", poisonErr))
+	}
+	after, err := d.Read(ctx, poisoned)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if after.PublishedGeneration != before.PublishedGeneration || after.PayloadSize != before.PayloadSize {
+		problems = append(problems, fmt.Sprintf("the failing operation's first statement was committed: published generation %d, payload %d bytes",
+			after.PublishedGeneration, after.PayloadSize))
+	}
+	for i, r := range distinct {
+		st, err := d.Read(ctx, r)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if st.Owner != fmt.Sprintf("owner %d", i) || st.Generation != 1 || st.Epoch == st.Generation {
+			problems = append(problems, fmt.Sprintf("%q after the group: %+v", r, st))
+		}
+	}
+	return problems
+}
+
+// TestGroupCommit: operations queued behind the writer are applied in one transaction, each its
+// own conditional statement seeing the ones before it, and one that fails is undone alone.
+func TestGroupCommit(t *testing.T) {
+	for _, p := range groupScenario(t, func(*Driver) {}) {
+		t.Error(p)
+	}
+}
+
+// The scenario must be able to fail: one transaction per operation (as before group commit)
+// and a group without savepoints are both caught.
+func TestGroupScenarioCatches(t *testing.T) {
+	t.Run("one transaction per operation", func(t *testing.T) {
+		problems := groupScenario(t, func(d *Driver) { setHooks(d, func(w *writer) { w.one = true }) })
+		if !containsPrefix(problems, "transactions of sizes") {
+			t.Fatalf("not caught; problems: %q", problems)
+		}
+	})
+	t.Run("no savepoints", func(t *testing.T) {
+		problems := groupScenario(t, func(d *Driver) { setHooks(d, func(w *writer) { w.noSavepoints = true }) })
+		if !containsPrefix(problems, "the failing operation's first statement was committed") {
+			t.Fatalf("not caught; problems: %q", problems)
+		}
+	})
+}
+
+func setHooks(d *Driver, set func(*writer)) {
+	d.w.mu.Lock()
+	defer d.w.mu.Unlock()
+	set(&d.w)
+}
+
+func abs(n int) int { return max(n, -n) }
+
+func containsPrefix(list []string, prefix string) bool {
+	for _, s := range list {
+		if len(s) >= len(prefix) && s[:len(prefix)] == prefix {
+			return true
+		}
+	}
+	return false
+}
+
+// TestGroupFailedCommit: when COMMIT fails and SQLite rolled back, every operation of the
+// group reports not applied, nothing of it is in the file, and the driver goes on working.
+// The COMMIT is made to fail by a deferred foreign key that one operation violates.
+func TestGroupFailedCommit(t *testing.T) {
+	ctx := context.Background()
+	resources := []string{"a resource", "ресурс"}
+	d := groupDriver(t, resources...)
+	for _, stmt := range []string{
+		`CREATE TABLE test_parent (id INTEGER PRIMARY KEY)`,
+		`CREATE TABLE test_child (p INTEGER REFERENCES test_parent (id) DEFERRABLE INITIALLY DEFERRED)`,
+	} {
+		if _, err := d.DB().ExecContext(ctx, stmt); err != nil {
+			t.Fatal(err)
+		}
+	}
+	n := len(resources) + 1
+	commits := holdWriter(d, n)
+	errs := make([]error, n)
+	var wg sync.WaitGroup
+	for i, r := range resources {
+		wg.Go(func() { _, errs[i] = d.Acquire(ctx, r, "owner", time.Minute) })
+	}
+	wg.Go(func() {
+		errs[n-1] = d.exec(ctx, func(ctx context.Context, conn *sql.Conn) error {
+			_, err := conn.ExecContext(ctx, `INSERT INTO test_child (p) VALUES (42)`)
+			return err // succeeds; the foreign key is checked at COMMIT
+		})
+	})
+	wg.Wait()
+	if got := commits(); len(got) != 1 || got[0] != -n {
+		t.Fatalf("transactions %v, want one failed transaction of %d operations", got, n)
+	}
+	for i, err := range errs {
+		if !errors.Is(err, driver.ErrNotApplied) {
+			t.Errorf("operation %d: %v, want not applied", i, err)
+		}
+	}
+	for _, r := range resources {
+		st, err := d.Read(ctx, r)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if st.Generation != 0 || st.Owner != "" {
+			t.Errorf("%q after a failed commit: %+v", r, st)
+		}
+	}
+	setHooks(d, func(w *writer) { w.committed = nil })
+	g, err := d.Acquire(ctx, resources[0], "after", time.Minute)
+	if err != nil || g.Generation != 1 {
+		t.Fatalf("acquire after the failed group: %+v, %v", g, err)
+	}
+}
+
+// TestGroupCancelledWhileQueued: a caller that gives up while its operation waits in the queue
+// gets not applied, and the operation never runs.
+func TestGroupCancelledWhileQueued(t *testing.T) {
+	ctx := context.Background()
+	d := groupDriver(t, "a resource")
+	hold := make(chan struct{})
+	var once sync.Once
+	queued := make(chan struct{})
+	setHooks(d, func(w *writer) {
+		w.beforeTake = func() { once.Do(func() { <-hold }) }
+		w.queued = func(int) { queued <- struct{}{} }
+	})
+	cctx, cancel := context.WithCancel(ctx)
+	ran := false
+	done := make(chan error)
+	go func() {
+		done <- d.exec(cctx, func(context.Context, *sql.Conn) error { ran = true; return nil })
+	}()
+	<-queued
+	cancel()
+	err := <-done
+	close(hold)
+	if !errors.Is(err, driver.ErrNotApplied) || !errors.Is(err, context.Canceled) {
+		t.Fatalf("cancelled while queued: %v, want not applied", err)
+	}
+	setHooks(d, func(w *writer) { w.queued = nil })
+	if err := d.exec(ctx, func(context.Context, *sql.Conn) error { return nil }); err != nil {
+		t.Fatal(err)
+	}
+	if ran {
+		t.Fatal("the cancelled operation ran")
+	}
+}
