@@ -107,8 +107,16 @@ func DSN(rawURL string) (string, error) {
 	return cfg.FormatDSN(), nil
 }
 
-// Open connects to the database a mysql:// URL names (see DSN). The returned driver owns the
-// pool and closes it in Close. "mariadb://" is accepted as a synonym.
+// DefaultMaxIdleConns is how many idle connections the pool Open creates keeps open.
+// database/sql keeps 2, so with more concurrent callers than that most calls would open a new
+// connection (a TCP connect and a handshake) and close it after one statement. The number of
+// open connections stays unlimited, as database/sql has it; set limits on DB() if the server's
+// max_connections needs them.
+const DefaultMaxIdleConns = 16
+
+// Open connects to the database a mysql:// URL names (see DSN). Its pool keeps up to
+// DefaultMaxIdleConns idle connections. The returned driver owns the pool and closes it in
+// Close; New takes a handle of the caller's. "mariadb://" is accepted as a synonym.
 func Open(rawURL string) (*Driver, error) {
 	cfg, err := parseURL(rawURL)
 	if err != nil {
@@ -118,7 +126,9 @@ func Open(rawURL string) (*Driver, error) {
 	if err != nil {
 		return nil, fmt.Errorf("open mysql: %w", err)
 	}
-	return &Driver{db: sql.OpenDB(connectErrors{connector, cfg.Addr}), owned: true}, nil
+	db := sql.OpenDB(connectErrors{connector, cfg.Addr})
+	db.SetMaxIdleConns(DefaultMaxIdleConns)
+	return &Driver{db: db, owned: true}, nil
 }
 
 func parseURL(rawURL string) (*mysql.Config, error) {

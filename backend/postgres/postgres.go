@@ -80,6 +80,7 @@ import (
 	"regexp"
 	"sort"
 	"strconv"
+	"net/url"
 	"strings"
 	"sync/atomic"
 	"syscall"
@@ -121,9 +122,18 @@ var (
 // open.
 func New(pool *pgxpool.Pool) *Driver { return &Driver{pool: pool} }
 
+// DefaultMaxConns is the least size of the pool Open creates when the URL does not set
+// pool_max_conns. pgxpool's own default, max(4, number of CPUs), would make 16 concurrent
+// callers on a small machine wait for 4 connections; each fenced operation holds a connection
+// for one round trip, so a pool this size serves that many callers without queueing, and
+// connections are only opened when callers need them.
+const DefaultMaxConns = 16
+
 // Open connects to the server at a postgres:// or postgresql:// URL (pgxpool's parameters,
-// such as pool_max_conns, and runtime parameters such as search_path are accepted). The
-// returned driver owns its pool and closes it in Close.
+// such as pool_max_conns, and runtime parameters such as search_path are accepted). The pool
+// holds up to pool_max_conns connections; when the URL does not say, DefaultMaxConns or
+// pgxpool's default if that is larger. The
+// returned driver owns its pool and closes it in Close; New takes a pool of the caller's.
 func Open(ctx context.Context, rawURL string) (*Driver, error) {
 	if !strings.HasPrefix(rawURL, "postgres://") && !strings.HasPrefix(rawURL, "postgresql://") {
 		return nil, errors.New("open postgres: the URL does not start with postgres:// or postgresql://")
@@ -132,6 +142,9 @@ func Open(ctx context.Context, rawURL string) (*Driver, error) {
 	if err != nil {
 		// pgx's parse errors already hide the password.
 		return nil, fmt.Errorf("open postgres: %w", err)
+	}
+	if u, err := url.Parse(rawURL); err == nil && !u.Query().Has("pool_max_conns") {
+		cfg.MaxConns = max(cfg.MaxConns, DefaultMaxConns)
 	}
 	pool, err := pgxpool.NewWithConfig(ctx, cfg)
 	if err != nil {
