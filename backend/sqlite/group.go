@@ -163,6 +163,8 @@ func (d *Driver) commitGroup(group []*writeOp, savepoints bool) {
 		fail(driver.NotApplied(err)) // no transaction, nothing written
 		return
 	}
+	// An operation alone needs no savepoint: its transaction is its savepoint.
+	savepoints = savepoints && len(live) > 1
 	for _, op := range live {
 		if savepoints {
 			if _, err := conn.ExecContext(ctx, "SAVEPOINT fenced_op"); err != nil {
@@ -171,6 +173,11 @@ func (d *Driver) commitGroup(group []*writeOp, savepoints bool) {
 			}
 		}
 		if err := op.run(ctx, conn); err != nil {
+			if len(live) == 1 {
+				op.err = err
+				d.abort(ctx, conn, live, err)
+				return
+			}
 			if !savepoints {
 				op.err = driver.NotApplied(err)
 				continue
