@@ -8,7 +8,8 @@
 //
 // Expiry is judged by etcd: the owner key is put with an etcd lease whose TTL is the fenced
 // lease's TTL (rounded UP to whole seconds, which is all etcd offers, and raised by etcd to its
-// own minimum, 2 s with the default election timeout). When the etcd lease runs out the cluster
+// own minimum, 2 s with the default election timeout), or one second more for an etcd lease
+// granted ahead of the acquisition (ahead.go), which is used only within that second. When the etcd lease runs out the cluster
 // deletes the owner key, and every later Txn that requires it fails. No client clock decides
 // anything. Because etcd exposes no clock of its own, the times this backend reports are the
 // local clock's and informational: lease_until is the local time at grant plus the granted TTL
@@ -117,6 +118,8 @@ type Driver struct {
 	// skipRevoke, set only by tests, simulates an etcd lease revocation whose request was
 	// lost, leaving a detached etcd lease alive.
 	skipRevoke bool
+
+	ahead ahead // leases granted ahead, cached snapshots, background revocations (ahead.go)
 }
 
 var _ driver.Driver = (*Driver)(nil)
@@ -174,6 +177,7 @@ func (d *Driver) Client() *clientv3.Client { return d.cli }
 
 // Close closes the client if Open created it.
 func (d *Driver) Close() error {
+	d.closeAhead()
 	if d.owned {
 		return d.cli.Close()
 	}
@@ -265,8 +269,9 @@ func (s leaseSnapshot) busy(rowEpoch, gen int64) error {
 	return b
 }
 
-// Acquire reads the resource and the epoch (one linearizable read), grants an etcd lease and
-// then runs the deciding Txn, where E is the epoch read:
+// Acquire reads the resource and the epoch (one linearizable read; skipped when this driver
+// has a snapshot from its own last acquisition), takes an etcd lease granted ahead (or grants
+// one) and then runs the deciding Txn, where E is the epoch read:
 //
 //	If   gen.ModRevision == the revision read  (nobody acquired in between)
 //	     epoch == E                             (no bump in between)
@@ -285,12 +290,17 @@ func (s leaseSnapshot) busy(rowEpoch, gen int64) error {
 func (d *Driver) Acquire(ctx context.Context, resource, owner string, ttl time.Duration) (driver.Grant, error) {
 	k := d.keys(resource)
 	// Until the deciding Txn is sent nothing of the resource has changed, so every error
-	// before it is "not applied".
-	read, err := d.txn(ctx, "read lease", nil, d.readLeaseOps(k), nil)
-	if err != nil {
-		return driver.Grant{}, driver.NotApplied(err)
+	// before it is "not applied". The snapshot is the one this driver cached, if any (see
+	// ahead.go): the Txn's compares pin it, so a stale one only costs the round trip that
+	// reading would have cost.
+	snap, cached := d.snapshot(resource)
+	if !cached {
+		read, err := d.txn(ctx, "read lease", nil, d.readLeaseOps(k), nil)
+		if err != nil {
+			return driver.Grant{}, driver.NotApplied(err)
+		}
+		snap = leaseSnapshotAt(read, 0)
 	}
-	snap := leaseSnapshotAt(read, 0)
 	if snap.gen == nil {
 		return driver.Grant{}, driver.ErrNotFound
 	}
@@ -302,22 +312,31 @@ func (d *Driver) Acquire(ctx context.Context, resource, owner string, ttl time.D
 		return driver.Grant{}, snap.busy(rowEpoch, gen)
 	}
 
-	sent := time.Now()
-	lease, err := d.cli.Grant(ctx, ttlSeconds(ttl))
-	if err != nil {
-		return driver.Grant{}, driver.NotApplied(fmt.Errorf("grant etcd lease: %w", err))
+	lease, ok := d.takeLease(ttl)
+	if !ok {
+		sent := time.Now()
+		resp, err := d.cli.Grant(ctx, ttlSeconds(ttl))
+		if err != nil {
+			return driver.Grant{}, driver.NotApplied(fmt.Errorf("grant etcd lease: %w", err))
+		}
+		lease = aheadLease{id: resp.ID, ttl: resp.TTL, sent: sent}
 	}
 	keep := false
 	defer func() {
 		// A refused acquisition, or one that certainly did not happen, leaves nothing attached
-		// to the etcd lease; revoking it is cleanup. After an unknown outcome the etcd lease is
-		// left alone: the acquisition may have happened, and it then holds the resource until
-		// the etcd lease runs out, like any holder that vanished.
+		// to the etcd lease: it goes back to the pool (or is revoked, as cleanup). After an
+		// unknown outcome the etcd lease is left alone: the acquisition may have happened, and
+		// it then holds the resource until the etcd lease runs out, like any holder that
+		// vanished.
 		if !keep {
-			d.revoke(ctx, lease.ID)
+			if ok {
+				d.putBack(ttlSeconds(ttl), lease)
+			} else {
+				d.revokeLater(lease.id)
+			}
 		}
 	}()
-	until := sent.Add(time.Duration(lease.TTL) * time.Second)
+	until := lease.sent.Add(time.Duration(lease.ttl) * time.Second)
 	for range acquireAttempts {
 		free := clientv3.Compare(clientv3.CreateRevision(k.owner), "=", 0)
 		if snap.owner != nil {
@@ -327,18 +346,21 @@ func (d *Driver) Acquire(ctx context.Context, resource, owner string, ttl time.D
 			[]clientv3.Cmp{clientv3.Compare(clientv3.ModRevision(k.gen), "=", snap.gen.modRevision),
 				clientv3.Compare(clientv3.Value(d.epochKey()), "=", encodeGen(epoch)), free},
 			[]clientv3.Op{clientv3.OpPut(k.gen, encodeToken(epoch, gen+1)),
-				clientv3.OpPut(k.owner, owner, clientv3.WithLease(lease.ID)),
+				clientv3.OpPut(k.owner, owner, clientv3.WithLease(lease.id)),
 				clientv3.OpPut(k.holder, owner),
 				clientv3.OpPut(k.until, encodeTime(until))},
 			d.readLeaseOps(k))
 		if err != nil {
+			d.forget(resource)
 			keep = !errors.Is(err, driver.ErrNotApplied)
 			return driver.Grant{}, err
 		}
 		if resp.Succeeded {
 			keep = true
+			d.remember(resource, epoch, gen+1, resp.Header.Revision)
 			return driver.Grant{Epoch: epoch, Generation: gen + 1, LeaseUntil: until.UTC()}, nil
 		}
+		d.forget(resource)
 		snap = leaseSnapshotAt(resp, 0)
 		if snap.gen == nil {
 			return driver.Grant{}, driver.ErrNotFound
@@ -479,7 +501,8 @@ func (d *Driver) PublishAndRelease(ctx context.Context, l driver.LeaseRef, pub d
 }
 
 // Release frees the lease where the token, the epoch and the holder still match, expired or
-// not, like the SQL backends. The etcd lease is revoked afterwards; no key uses it any more.
+// not, like the SQL backends. The etcd lease is revoked afterwards, in the background; no key
+// uses it any more.
 func (d *Driver) Release(ctx context.Context, l driver.LeaseRef) (bool, error) {
 	k := d.keys(l.Resource)
 	resp, err := d.txn(ctx, "release", d.holds(k, l, k.holder), releaseOps(k), nil)
@@ -492,11 +515,11 @@ func (d *Driver) Release(ctx context.Context, l driver.LeaseRef) (bool, error) {
 	return resp.Succeeded, nil
 }
 
-// revokeReleased revokes the etcd lease of the owner key that the i-th op (a Get) read just
-// before the same Txn deleted it.
-func (d *Driver) revokeReleased(ctx context.Context, resp *clientv3.TxnResponse, i int) {
+// revokeReleased revokes, in the background, the etcd lease of the owner key that the i-th op
+// (a Get) read just before the same Txn deleted it.
+func (d *Driver) revokeReleased(_ context.Context, resp *clientv3.TxnResponse, i int) {
 	if owner := kv(resp, i); owner != nil && owner.lease != 0 {
-		d.revoke(ctx, clientv3.LeaseID(owner.lease))
+		d.revokeLater(clientv3.LeaseID(owner.lease))
 	}
 }
 
