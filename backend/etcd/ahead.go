@@ -24,8 +24,16 @@ import (
 //     grant + TTL + 1 s >= (the acquisition's start - 1 s) + TTL + 1 s: never before the end
 //     of the holder's trust window, which runs from the acquisition's start. Granted is
 //     reported as (grant sent) + granted TTL, an underestimate of etcd's expiry, as before.
-//     A lease that was sent in a Txn whose outcome is unknown is never put back: the
-//     acquisition may have attached the owner key to it.
+//   - Such a lease serves one acquisition at a time. When a release (or a publication that
+//     releases) deletes the owner key in its Txn, the etcd lease that key was on has no key
+//     left and, if it came from the pool and is still within aheadFresh of its grant, goes
+//     back to the pool for this driver's next acquisition, instead of being revoked while
+//     another is granted. A lease whose acquisition's outcome is unknown never goes back
+//     (the owner key may be on it), nor one that a renewal moved the key away from (the
+//     renewal revokes it). So an etcd lease may carry the owner keys of several generations
+//     one after the other, never two at once; nothing in this package sends keepalives, and
+//     a keepalive sent by anyone else on a lease could only lengthen the current holder's
+//     lease, never make an earlier generation's Txns match again (they compare the token).
 //   - Revocations after a release run in the background (Close waits for them). They were
 //     already cleanup: the released owner key is gone, and a lease no key uses expires on
 //     its own.
@@ -42,16 +50,20 @@ const (
 
 type aheadLease struct {
 	id   clientv3.LeaseID
+	key  int64     // the pool: the requested TTL in seconds (before the extra second)
 	ttl  int64     // seconds, as granted
 	sent time.Time // when the grant request was sent (monotonic)
 }
+
+func (l aheadLease) fresh() bool { return time.Since(l.sent) < aheadFresh }
 
 // ahead is a driver's state for the fast path.
 type ahead struct {
 	mu      sync.Mutex
 	closed  bool
-	leases  map[int64][]aheadLease // by requested TTL in seconds (before the extra second)
-	pending map[int64]int          // grants in flight, by the same key
+	leases  map[int64][]aheadLease          // by requested TTL in seconds (before the extra second)
+	pending map[int64]int                   // grants in flight, by the same key
+	inUse   map[clientv3.LeaseID]aheadLease // taken from the pool by an acquisition
 	snaps   map[string]leaseSnapshot
 	bg      sync.WaitGroup
 	// granted, set only by tests, is told of each lease granted ahead; anyAge, the mutation
@@ -60,7 +72,9 @@ type ahead struct {
 	anyAge  bool
 }
 
-// takeLease returns a lease granted ahead for ttl that is still fresh, and asks for one more.
+// takeLease returns the freshest lease of the pool for ttl, and asks for one more when none
+// left is younger than half of aheadFresh. Leases too old to be used are dropped; they expire
+// on their own, unused.
 func (d *Driver) takeLease(ttl time.Duration) (aheadLease, bool) {
 	key := ttlSeconds(ttl)
 	a := &d.ahead
@@ -69,41 +83,71 @@ func (d *Driver) takeLease(ttl time.Duration) (aheadLease, bool) {
 	if a.closed {
 		return aheadLease{}, false
 	}
-	d.refillLocked(key)
-	list := a.leases[key]
-	for len(list) > 0 {
-		l := list[len(list)-1] // the newest
-		list = list[:len(list)-1]
-		if time.Since(l.sent) < aheadFresh || a.anyAge {
-			a.leases[key] = list
-			return l, true
+	if a.leases == nil {
+		a.leases, a.pending, a.inUse = map[int64][]aheadLease{}, map[int64]int{}, map[clientv3.LeaseID]aheadLease{}
+	}
+	for id, l := range a.inUse {
+		if !l.fresh() {
+			delete(a.inUse, id) // can no longer go back to the pool
 		}
-		// Too old to be used: every older one is too. They expire on their own, unused.
-		list = list[:0]
+	}
+	list := a.leases[key][:0]
+	best := -1
+	for _, l := range a.leases[key] {
+		if l.fresh() || a.anyAge {
+			list = append(list, l)
+			if best < 0 || l.sent.After(list[best].sent) {
+				best = len(list) - 1
+			}
+		}
+	}
+	var l aheadLease
+	if best >= 0 {
+		l = list[best]
+		list = append(list[:best], list[best+1:]...)
+		a.inUse[l.id] = l
 	}
 	a.leases[key] = list
-	return aheadLease{}, false
+	young := false
+	for _, r := range list {
+		young = young || time.Since(r.sent) < aheadFresh/2
+	}
+	if !young && a.pending[key] == 0 {
+		d.refillLocked(key)
+	}
+	return l, best >= 0
 }
 
-// putBack returns an unused lease (its Txn certainly did not attach anything to it).
-func (d *Driver) putBack(key int64, l aheadLease) {
+// putBack returns a lease whose acquisition certainly did not happen.
+func (d *Driver) putBack(l aheadLease) { d.released(l.id) }
+
+// leaseOutcomeUnknown keeps a lease out of the pool for good: the owner key may be on it.
+func (d *Driver) leaseOutcomeUnknown(id clientv3.LeaseID) {
 	a := &d.ahead
 	a.mu.Lock()
-	if !a.closed && len(a.leases[key]) < maxAhead {
-		a.leases[key] = append(a.leases[key], l)
+	defer a.mu.Unlock()
+	delete(a.inUse, id)
+}
+
+// released takes back an etcd lease that no key uses any more: into the pool if it came from
+// there and is still fresh, otherwise it is revoked in the background.
+func (d *Driver) released(id clientv3.LeaseID) {
+	a := &d.ahead
+	a.mu.Lock()
+	l, ok := a.inUse[id]
+	delete(a.inUse, id)
+	if ok && !a.closed && (l.fresh() || a.anyAge) && len(a.leases[l.key]) < maxAhead {
+		a.leases[l.key] = append(a.leases[l.key], l)
 		a.mu.Unlock()
 		return
 	}
 	a.mu.Unlock()
-	d.revokeLater(l.id)
+	d.revokeLater(id)
 }
 
 // refillLocked grants one lease for key in the background unless enough are ready or coming.
 func (d *Driver) refillLocked(key int64) {
 	a := &d.ahead
-	if a.leases == nil {
-		a.leases, a.pending = map[int64][]aheadLease{}, map[int64]int{}
-	}
 	if len(a.leases[key])+a.pending[key] >= maxAhead {
 		return
 	}
@@ -117,7 +161,7 @@ func (d *Driver) refillLocked(key int64) {
 		a.pending[key]--
 		kept := err == nil && !a.closed && len(a.leases[key]) < maxAhead
 		if kept {
-			a.leases[key] = append(a.leases[key], aheadLease{id: resp.ID, ttl: resp.TTL, sent: sent})
+			a.leases[key] = append(a.leases[key], aheadLease{id: resp.ID, key: key, ttl: resp.TTL, sent: sent})
 		}
 		hook := a.granted
 		a.mu.Unlock()

@@ -160,3 +160,54 @@ func TestCachedSnapshotIsOnlyAHint(t *testing.T) {
 		t.Fatalf("acquire after the other's release: %+v %v, want generation %d", c, err, o.Generation+1)
 	}
 }
+
+// TestReleasedLeaseServesOneAcquisitionAtATime: a lease from the pool goes back to it when a
+// release deletes the key on it, and the next acquisition uses it; while it carries an owner
+// key, no other acquisition gets it.
+func TestReleasedLeaseServesOneAcquisitionAtATime(t *testing.T) {
+	ctx := testCtx(t)
+	const r1, r2, r3 = "one ресурс", "two\x00 resource", "three résource"
+	d, granted := aheadDriver(t, r1)
+	for _, r := range []string{r2, r3} {
+		if err := d.Provision(ctx, r); err != nil {
+			t.Fatal(err)
+		}
+	}
+	g, err := d.Acquire(ctx, r1, "warm-up", time.Minute) // its own lease; one granted ahead
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ok, err := d.Release(ctx, driver.LeaseRef{Resource: r1, Owner: "warm-up", Epoch: g.Epoch, Generation: g.Generation}); !ok || err != nil {
+		t.Fatalf("release: %v %v", ok, err)
+	}
+	<-granted
+	// No more grants ahead from here on, so that the pool holds only what releases give back.
+	key := ttlSeconds(time.Minute)
+	setPending := func(n int) {
+		d.ahead.mu.Lock()
+		defer d.ahead.mu.Unlock()
+		d.ahead.pending[key] = n
+	}
+	setPending(maxAhead)
+	defer setPending(0)
+	g1, err := d.Acquire(ctx, r1, "first", time.Minute)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pooled, _ := ownerLease(t, d, r1)
+	if ok, err := d.Release(ctx, driver.LeaseRef{Resource: r1, Owner: "first", Epoch: g1.Epoch, Generation: g1.Generation}); !ok || err != nil {
+		t.Fatalf("release: %v %v", ok, err)
+	}
+	if _, err := d.Acquire(ctx, r2, "second", time.Minute); err != nil {
+		t.Fatal(err)
+	}
+	if id, _ := ownerLease(t, d, r2); id != pooled {
+		t.Fatalf("the next acquisition got etcd lease %x, not the released %x", id, pooled)
+	}
+	if _, err := d.Acquire(ctx, r3, "third", time.Minute); err != nil {
+		t.Fatal(err)
+	}
+	if id, _ := ownerLease(t, d, r3); id == pooled {
+		t.Fatalf("etcd lease %x carries the owner keys of two acquisitions at once", id)
+	}
+}

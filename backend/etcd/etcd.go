@@ -321,19 +321,20 @@ func (d *Driver) Acquire(ctx context.Context, resource, owner string, ttl time.D
 		}
 		lease = aheadLease{id: resp.ID, ttl: resp.TTL, sent: sent}
 	}
-	keep := false
+	keep, granted := false, false
 	defer func() {
 		// A refused acquisition, or one that certainly did not happen, leaves nothing attached
 		// to the etcd lease: it goes back to the pool (or is revoked, as cleanup). After an
 		// unknown outcome the etcd lease is left alone: the acquisition may have happened, and
 		// it then holds the resource until the etcd lease runs out, like any holder that
 		// vanished.
-		if !keep {
-			if ok {
-				d.putBack(ttlSeconds(ttl), lease)
-			} else {
-				d.revokeLater(lease.id)
-			}
+		switch {
+		case !keep && ok:
+			d.putBack(lease)
+		case !keep:
+			d.revokeLater(lease.id)
+		case !granted && ok:
+			d.leaseOutcomeUnknown(lease.id)
 		}
 	}()
 	until := lease.sent.Add(time.Duration(lease.ttl) * time.Second)
@@ -356,7 +357,7 @@ func (d *Driver) Acquire(ctx context.Context, resource, owner string, ttl time.D
 			return driver.Grant{}, err
 		}
 		if resp.Succeeded {
-			keep = true
+			keep, granted = true, true
 			d.remember(resource, epoch, gen+1, resp.Header.Revision)
 			return driver.Grant{Epoch: epoch, Generation: gen + 1, LeaseUntil: until.UTC()}, nil
 		}
@@ -515,11 +516,12 @@ func (d *Driver) Release(ctx context.Context, l driver.LeaseRef) (bool, error) {
 	return resp.Succeeded, nil
 }
 
-// revokeReleased revokes, in the background, the etcd lease of the owner key that the i-th op
-// (a Get) read just before the same Txn deleted it.
+// revokeReleased hands back the etcd lease of the owner key that the i-th op (a Get) read just
+// before the same Txn deleted it: to the pool of leases granted ahead, or revoked in the
+// background (ahead.go).
 func (d *Driver) revokeReleased(_ context.Context, resp *clientv3.TxnResponse, i int) {
 	if owner := kv(resp, i); owner != nil && owner.lease != 0 {
-		d.revokeLater(clientv3.LeaseID(owner.lease))
+		d.released(clientv3.LeaseID(owner.lease))
 	}
 }
 
