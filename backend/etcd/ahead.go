@@ -72,8 +72,8 @@ type ahead struct {
 	anyAge  bool
 }
 
-// takeLease returns the freshest lease of the pool for ttl, and asks for one more when none
-// left is younger than half of aheadFresh. Leases too old to be used are dropped; they expire
+// takeLease returns the freshest lease of the pool for ttl, and asks for one more when too few
+// are younger than half of aheadFresh. Leases too old to be used are dropped; they expire
 // on their own, unused.
 func (d *Driver) takeLease(ttl time.Duration) (aheadLease, bool) {
 	key := ttlSeconds(ttl)
@@ -108,11 +108,24 @@ func (d *Driver) takeLease(ttl time.Duration) (aheadLease, bool) {
 		a.inUse[l.id] = l
 	}
 	a.leases[key] = list
-	young := false
+	// Keep more young leases (in the pool, in use, or coming) than there are acquisitions
+	// holding one, so that the next acquisition finds one even when every holder is still
+	// holding; one grant per call at most.
+	young, held := a.pending[key], 0
 	for _, r := range list {
-		young = young || time.Since(r.sent) < aheadFresh/2
+		if time.Since(r.sent) < aheadFresh/2 {
+			young++
+		}
 	}
-	if !young && a.pending[key] == 0 {
+	for _, r := range a.inUse {
+		if r.key == key {
+			held++
+			if time.Since(r.sent) < aheadFresh/2 {
+				young++
+			}
+		}
+	}
+	if young <= held {
 		d.refillLocked(key)
 	}
 	return l, best >= 0
