@@ -7,7 +7,7 @@ GOLANGCI_LINT ?= $(GO) run github.com/golangci/golangci-lint/v2/cmd/golangci-lin
 STATICCHECK   ?= $(GO) run honnef.co/go/tools/cmd/staticcheck@v0.8.2
 MODULES       := $(shell $(GO) work edit -json | sed -n 's/.*"DiskPath": "\(.*\)".*/\1/p')
 
-.PHONY: help build test test-short bench lint demo
+.PHONY: help build test test-short bench bench-peers lint demo
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-11s %s\n", $$1, $$2}'
 
@@ -22,6 +22,9 @@ test-short: ## the tests without the race detector, for a quick look
 
 bench: ## benchmarks beside their raw baselines; compare with: benchstat -col /impl bench.txt
 	$(GO) test -run '^$$' -bench '$(BENCH)' -count $(COUNT) -timeout 60m work | tee bench.txt
+
+bench-peers: ## fenced beside PostgreSQL advisory locks, redsync, redislock and etcd's Mutex, into bench-peers.txt
+	cd bench/peers && $(GO) run . $(PEERS_FLAGS) | tee $(CURDIR)/bench-peers.txt
 
 lint: ## gofmt, go vet, staticcheck and golangci-lint (pinned versions) on every module
 	@test -z "$$(gofmt -l $$(git ls-files '*.go'))" || { gofmt -l $$(git ls-files '*.go'); exit 1; }
