@@ -14,13 +14,13 @@ import (
 )
 
 // BenchmarkProtocol compares fenced on PostgreSQL with the same statements run directly through
-// a pgxpool of the same size (16 connections) on the same schema: the difference includes the
+// a pgxpool of the same size (Open's default, DefaultMaxConns) on the same schema: the difference includes the
 // incarnation check in each lease-carrying statement. The driver connects as the schema's
 // owner, so it sends the statements (direct mode), not the routines. Run with:
 // go test -run '^$' -bench Protocol -count 6 ./backend/postgres/ and compare with
 // benchstat -col /impl.
 func BenchmarkProtocol(b *testing.B) {
-	rawURL := testSchema(b, map[string]string{"pool_max_conns": "16"})
+	rawURL := testSchema(b, nil)
 	drivertest.Bench(b, drivertest.BenchTarget{
 		Open: func(b *testing.B) driver.Driver { return openDriver(b, rawURL) },
 		Raw:  func(b *testing.B) drivertest.Raw { return raw{openDriver(b, rawURL).Pool()} },
