@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"errors"
+	"fmt"
 	"hash/fnv"
 	"net"
 	"net/url"
@@ -125,12 +126,15 @@ func advisorySystem(pool *pgxpool.Pool) system {
 			if err != nil {
 				return false, err
 			}
-			defer a.c.Release()
+			defer func() {
+				_ = a.c.Conn().Close(ctx) // its session was ended: the pool must not reuse it
+				a.c.Release()
+			}()
 			// A pauses; the server ends its idle session (as idle_session_timeout or a
 			// network timeout would), which frees the lock; B takes it.
 			pid := a.c.Conn().PgConn().PID()
 			if _, err := pool.Exec(ctx, "SELECT pg_terminate_backend($1)", pid); err != nil {
-				return false, err
+				return false, fmt.Errorf("terminate A's session: %w", err)
 			}
 			var b *advisoryHeld
 			for {
@@ -139,14 +143,16 @@ func advisorySystem(pool *pgxpool.Pool) system {
 					continue
 				}
 				if err != nil {
-					return false, err
+					return false, fmt.Errorf("B locks: %w", err)
 				}
 				break
 			}
 			defer func() { _ = b.release(ctx) }()
 			// A wakes up and writes, on a connection of its pool: nothing refuses it.
-			_, err = pool.Exec(ctx, upsert, resource, []byte("stale"))
-			return false, err
+			if _, err = pool.Exec(ctx, upsert, resource, []byte("stale")); err != nil {
+				return false, fmt.Errorf("A writes: %w", err)
+			}
+			return false, nil
 		},
 	}
 }
