@@ -13,11 +13,12 @@ import (
 
 // Group commit. SQLite admits one writer at a time, and with synchronous=FULL every commit is
 // an fsync, so a process whose goroutines write one commit each spends its time waiting for the
-// disk. The driver therefore queues its writes and one writer goroutine (started when the queue
-// becomes non-empty, gone when it is empty) applies everything queued so far in one IMMEDIATE
-// transaction: each operation is still its own conditional statement (or statements), evaluated
-// in queue order and seeing the changes of the operations before it, and the group costs one
-// commit and one fsync. Each caller receives its own result after COMMIT returned.
+// disk. The driver therefore queues its writes, and one writer applies everything queued so far
+// in one IMMEDIATE transaction: each operation is still its own conditional statement (or
+// statements), evaluated in queue order and seeing the changes of the operations before it,
+// and the group costs one commit and one fsync. The writer is the caller that found no writer
+// running, for its own group; what queued meanwhile goes to a writer goroutine, which runs
+// until the queue is empty. Each caller receives its own result after COMMIT returned.
 //
 // Each operation runs inside its own SAVEPOINT, so an operation whose statement fails is undone
 // alone (ROLLBACK TO) and reported as not applied, while the others of the group go on. A
@@ -75,15 +76,27 @@ func (d *Driver) exec(ctx context.Context, run func(ctx context.Context, conn *s
 	w.mu.Lock()
 	w.queue = append(w.queue, op)
 	n := len(w.queue)
-	start := !w.running
+	lead := !w.running // then the queue held nothing but op
 	w.running = true
 	hook := w.queued
 	w.mu.Unlock()
 	if hook != nil {
 		hook(n)
 	}
-	if start {
-		go d.drain()
+	if lead {
+		// No writer: this caller writes its own group (op and whatever queued meanwhile) in
+		// its own goroutine, which spares a lone writer two goroutine switches, and leaves
+		// what queued during its commit to a writer goroutine.
+		d.runGroup()
+		w.mu.Lock()
+		more := len(w.queue) > 0
+		w.running = more
+		w.mu.Unlock()
+		if more {
+			go d.drain()
+		}
+		<-op.done
+		return op.err
 	}
 	select {
 	case <-op.done:
@@ -105,31 +118,37 @@ func (d *Driver) exec(ctx context.Context, run func(ctx context.Context, conn *s
 
 // drain runs groups until the queue is empty.
 func (d *Driver) drain() {
-	w := &d.w
-	for {
-		w.mu.Lock()
-		hook := w.beforeTake
-		w.mu.Unlock()
-		if hook != nil {
-			hook()
-		}
-		w.mu.Lock()
-		var group []*writeOp
-		if w.one && len(w.queue) > 0 {
-			group = []*writeOp{w.queue[0]}
-			w.queue = w.queue[1:]
-		} else {
-			group, w.queue = w.queue, nil
-		}
-		if len(group) == 0 {
-			w.running = false
-			w.mu.Unlock()
-			return
-		}
-		savepoints := !w.noSavepoints
-		w.mu.Unlock()
-		d.commitGroup(group, savepoints)
+	for d.runGroup() {
 	}
+}
+
+// runGroup takes what is queued (one operation in the w.one mode) and commits it as one group;
+// with nothing queued it marks the writer stopped and returns false.
+func (d *Driver) runGroup() bool {
+	w := &d.w
+	w.mu.Lock()
+	hook := w.beforeTake
+	w.mu.Unlock()
+	if hook != nil {
+		hook()
+	}
+	w.mu.Lock()
+	var group []*writeOp
+	if w.one && len(w.queue) > 0 {
+		group = []*writeOp{w.queue[0]}
+		w.queue = w.queue[1:]
+	} else {
+		group, w.queue = w.queue, nil
+	}
+	if len(group) == 0 {
+		w.running = false
+		w.mu.Unlock()
+		return false
+	}
+	savepoints := !w.noSavepoints
+	w.mu.Unlock()
+	d.commitGroup(group, savepoints)
+	return true
 }
 
 // commitGroup applies the group in one IMMEDIATE transaction and hands every operation its

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"path/filepath"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -245,35 +246,39 @@ func TestGroupFailedCommit(t *testing.T) {
 }
 
 // TestGroupCancelledWhileQueued: a caller that gives up while its operation waits in the queue
-// gets not applied, and the operation never runs.
+// (behind a writer held at the barrier) gets not applied, and the operation never runs.
 func TestGroupCancelledWhileQueued(t *testing.T) {
 	ctx := context.Background()
 	d := groupDriver(t, "a resource")
 	hold := make(chan struct{})
 	var once sync.Once
-	queued := make(chan struct{})
+	queued := make(chan int, 2)
 	setHooks(d, func(w *writer) {
 		w.beforeTake = func() { once.Do(func() { <-hold }) }
-		w.queued = func(int) { queued <- struct{}{} }
+		w.queued = func(n int) { queued <- n }
 	})
+	first := make(chan error)
+	go func() { first <- d.exec(ctx, func(context.Context, *sql.Conn) error { return nil }) }()
+	<-queued // the first caller writes; it waits at the barrier
 	cctx, cancel := context.WithCancel(ctx)
-	ran := false
+	var ran atomic.Bool
 	done := make(chan error)
 	go func() {
-		done <- d.exec(cctx, func(context.Context, *sql.Conn) error { ran = true; return nil })
+		done <- d.exec(cctx, func(context.Context, *sql.Conn) error { ran.Store(true); return nil })
 	}()
-	<-queued
+	if n := <-queued; n != 2 {
+		t.Fatalf("queue of %d, want 2", n)
+	}
 	cancel()
 	err := <-done
 	close(hold)
+	if err := <-first; err != nil {
+		t.Fatal(err)
+	}
 	if !errors.Is(err, driver.ErrNotApplied) || !errors.Is(err, context.Canceled) {
 		t.Fatalf("cancelled while queued: %v, want not applied", err)
 	}
-	setHooks(d, func(w *writer) { w.queued = nil })
-	if err := d.exec(ctx, func(context.Context, *sql.Conn) error { return nil }); err != nil {
-		t.Fatal(err)
-	}
-	if ran {
+	if ran.Load() {
 		t.Fatal("the cancelled operation ran")
 	}
 }
