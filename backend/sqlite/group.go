@@ -31,8 +31,9 @@ import (
 //
 // A failed COMMIT fails every operation that succeeded in the group: as not applied when SQLite
 // certainly rolled back (classify), otherwise with an unknown outcome. An operation alone in the
-// queue runs the same way, in a transaction of its own, so one writer's latency is one commit as
-// before. Durability does not change: the commit is the same fsync'd commit.
+// queue runs in a transaction of its own, without a savepoint (the transaction is one), in its
+// caller's goroutine, so one writer's latency is one commit as before. Durability does not
+// change: the commit is the same fsync'd commit.
 
 // writeOp is one operation waiting for the writer.
 type writeOp struct {
@@ -48,7 +49,7 @@ type writeOp struct {
 type writer struct {
 	mu      sync.Mutex
 	queue   []*writeOp
-	running bool // a writer goroutine is draining the queue
+	running bool // a writer (a caller, or the writer goroutine) is draining the queue
 	// one takes one operation per transaction, as before group commit: the baseline that the
 	// benchmarks and the barrier test's mutation compare with.
 	one bool
