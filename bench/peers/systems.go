@@ -143,14 +143,14 @@ func advisorySystem(pool *pgxpool.Pool) system {
 					continue
 				}
 				if err != nil {
-					return false, fmt.Errorf("B locks: %w", err)
+					return false, fmt.Errorf("the second client locks: %w", err)
 				}
 				break
 			}
 			defer func() { _ = b.release(ctx) }()
 			// A wakes up and writes, on a connection of its pool: nothing refuses it.
 			if _, err = pool.Exec(ctx, upsert, resource, []byte("stale")); err != nil {
-				return false, fmt.Errorf("A writes: %w", err)
+				return false, fmt.Errorf("the paused holder writes: %w", err)
 			}
 			return false, nil
 		},
