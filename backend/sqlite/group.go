@@ -185,9 +185,12 @@ func (d *Driver) commitGroup(group []*writeOp, savepoints bool) {
 	}
 	// An operation alone needs no savepoint: its transaction is its savepoint.
 	savepoints = savepoints && len(live) > 1
+	savepoint, release := d.savepointStmts(ctx, conn, savepoints)
+	defer savepoint.close()
+	defer release.close()
 	for _, op := range live {
 		if savepoints {
-			if _, err := conn.ExecContext(ctx, "SAVEPOINT fenced_op"); err != nil {
+			if err := savepoint.exec(ctx); err != nil {
 				d.abort(ctx, conn, live, err)
 				return
 			}
@@ -213,7 +216,7 @@ func (d *Driver) commitGroup(group []*writeOp, savepoints bool) {
 		if !savepoints {
 			continue
 		}
-		if _, err := conn.ExecContext(ctx, "RELEASE fenced_op"); err != nil {
+		if err := release.exec(ctx); err != nil {
 			d.abort(ctx, conn, live, err)
 			return
 		}
@@ -231,6 +234,46 @@ func (d *Driver) commitGroup(group []*writeOp, savepoints bool) {
 			op.err = err
 		}
 		close(op.done)
+	}
+}
+
+// savepointStmts prepares SAVEPOINT and RELEASE once for the group: a group of n operations
+// runs each n times, and parsing them again every time costs more than running them.
+func (d *Driver) savepointStmts(ctx context.Context, conn *sql.Conn, needed bool) (savepoint, release fixedStmt) {
+	if !needed {
+		return fixedStmt{conn: conn, text: "SAVEPOINT fenced_op"}, fixedStmt{conn: conn, text: "RELEASE fenced_op"}
+	}
+	return prepareFixed(ctx, conn, "SAVEPOINT fenced_op"), prepareFixed(ctx, conn, "RELEASE fenced_op")
+}
+
+// fixedStmt is a statement without arguments, prepared when that worked.
+type fixedStmt struct {
+	conn *sql.Conn
+	text string
+	stmt *sql.Stmt
+}
+
+func prepareFixed(ctx context.Context, conn *sql.Conn, text string) fixedStmt {
+	st, err := conn.PrepareContext(ctx, text)
+	if err != nil {
+		st = nil // the first exec reports the error
+	}
+	return fixedStmt{conn: conn, text: text, stmt: st}
+}
+
+func (f fixedStmt) exec(ctx context.Context) error {
+	var err error
+	if f.stmt != nil {
+		_, err = f.stmt.ExecContext(ctx)
+	} else {
+		_, err = f.conn.ExecContext(ctx, f.text)
+	}
+	return err
+}
+
+func (f fixedStmt) close() {
+	if f.stmt != nil {
+		_ = f.stmt.Close()
 	}
 }
 
