@@ -12,6 +12,9 @@
 //	         the release to the next client's acquisition), fairness (fewest/most acquisitions)
 //	stale    a holder pauses past its TTL, another client acquires, the first then writes:
 //	         the fraction of those stale writes refused (-stale trials per system)
+//	crash    a holder takes the resource with a short TTL and vanishes; another client tries
+//	         every millisecond: how long after the TTL it gets the resource (the advisory
+//	         lock has no TTL: its holder's connection closes, and the time is from the start)
 //
 // Every lock is taken with its try operation (no library back-off): fenced's Acquire answers
 // busy at once, redsync runs with one try, redislock without retries, the Mutex with
@@ -73,6 +76,9 @@ type system struct {
 	lock func(ctx context.Context, resource string) (held, error)
 	// stale runs one stale-write trial and reports whether the stale write was refused.
 	stale func(ctx context.Context, resource string) (refused bool, err error)
+	// crash takes the resource with a short TTL and vanishes; it returns how long after the
+	// TTL (counted from the start of the acquisition) another client got the resource.
+	crash func(ctx context.Context, resource string) (overshoot time.Duration, err error)
 }
 
 // held is a lock held: write stores a payload under the lock; release gives it up.
@@ -123,6 +129,12 @@ func main() {
 				if refused {
 					r.staleRefused++
 				}
+				over, err := s.crash(ctx, fmt.Sprintf("crash %d %s", i, rand.Text()[:8]))
+				if err != nil {
+					fmt.Fprintf(os.Stderr, "peers: %s: crash: %v\n", s.name, err)
+					os.Exit(1)
+				}
+				r.overshoot = append(r.overshoot, float64(over.Milliseconds()))
 			}
 		}
 	}
@@ -132,6 +144,7 @@ func main() {
 // result gathers each round's figures of one system.
 type result struct {
 	p50, pairs, cycleP50, g16, hot, gap50, gap99, fair []float64
+	overshoot                                          []float64 // ms
 	staleTrials, staleRefused                          int
 }
 
@@ -289,17 +302,18 @@ func median(v []float64) float64 {
 // report prints the tables.
 func report(systems []system, results map[string]*result) {
 	fmt.Printf("Go %s; %d rounds of %v per workload, medians; %d stale-write trials per system.\n\n", goVersion(), *rounds, *dur, *trials)
-	fmt.Println("| system | server | p50 acquire+release | pairs/s, 1 client | p50 write cycle | pairs/s, 16 clients | hot: handovers/s | gap p50 / p99 | fairness (min/max) | stale writes refused |")
-	fmt.Println("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+	fmt.Println("| system | server | p50 acquire+release | pairs/s, 1 client | p50 write cycle | pairs/s, 16 clients | hot: handovers/s | gap p50 / p99 | fairness (min/max) | stale writes refused | crashed holder: overshoot past the TTL |")
+	fmt.Println("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
 	for _, s := range systems {
 		r := results[s.name]
-		stale := "not run"
+		stale, over := "not run", "not run"
 		if r.staleTrials > 0 {
 			stale = fmt.Sprintf("%d/%d", r.staleRefused, r.staleTrials)
+			over = fmt.Sprintf("%.0f ms (max %.0f)", median(r.overshoot), slices.Max(r.overshoot))
 		}
-		fmt.Printf("| %s | %s | %.0f µs | %.0f | %.0f µs | %.0f | %.0f | %.0f / %.0f µs | %.2f | %s |\n",
+		fmt.Printf("| %s | %s | %.0f µs | %.0f | %.0f µs | %.0f | %.0f | %.0f / %.0f µs | %.2f | %s | %s |\n",
 			s.name, s.server, median(r.p50), median(r.pairs), median(r.cycleP50), median(r.g16),
-			median(r.hot), median(r.gap50), median(r.gap99), median(r.fair), stale)
+			median(r.hot), median(r.gap50), median(r.gap99), median(r.fair), stale, over)
 	}
 	fmt.Println()
 	fmt.Println("Ratios, fenced / peer on the same server (latency: below 1 is faster; throughput: above 1 is more):")
@@ -474,7 +488,7 @@ func setup(ctx context.Context) ([]system, func(), error) {
 		_ = est.Close()
 		_, _ = ecli.Delete(context.Background(), eprefix, clientv3.WithPrefix())
 	})
-	systems = append(systems, fencedSystem("fenced etcd", "etcd", est, time.Second))
+	systems = append(systems, fencedSystem("fenced etcd", "etcd", est, 2*time.Second))
 	systems = append(systems, mutexSystem(ecli, eprefix))
 	return systems, cleanup, nil
 }

@@ -51,6 +51,25 @@ func fencedSystem(name, server string, st *fenced.Store, staleTTL time.Duration)
 			}
 			return fencedHeld{l}, nil
 		},
+		crash: func(ctx context.Context, resource string) (time.Duration, error) {
+			if err := provision(ctx, resource); err != nil {
+				return 0, err
+			}
+			start := time.Now()
+			if _, err := st.Acquire(ctx, resource, staleTTL); err != nil { // and never released
+				return 0, err
+			}
+			return takeOver(ctx, start.Add(staleTTL), func() (bool, error) {
+				b, err := st.Acquire(ctx, resource, benchTTL)
+				if errors.Is(err, fenced.ErrBusy) {
+					return false, nil
+				}
+				if err == nil {
+					err = b.Release(ctx)
+				}
+				return err == nil, err
+			})
+		},
 		stale: func(ctx context.Context, resource string) (bool, error) {
 			if err := provision(ctx, resource); err != nil {
 				return false, err
@@ -120,6 +139,25 @@ func advisorySystem(pool *pgxpool.Pool) system {
 				return nil, err
 			}
 			return h, nil
+		},
+		crash: func(ctx context.Context, resource string) (time.Duration, error) {
+			start := time.Now()
+			a, err := lock(ctx, resource)
+			if err != nil {
+				return 0, err
+			}
+			_ = a.c.Conn().Close(ctx) // the holder's process dies: its connection closes
+			a.c.Release()
+			return takeOver(ctx, start, func() (bool, error) {
+				b, err := lock(ctx, resource)
+				if errors.Is(err, errBusy) {
+					return false, nil
+				}
+				if err == nil {
+					err = b.release(ctx)
+				}
+				return err == nil, err
+			})
 		},
 		stale: func(ctx context.Context, resource string) (bool, error) {
 			a, err := lock(ctx, resource)
@@ -201,6 +239,23 @@ func redsyncSystem(cli *goredislib.Client, prefix string) system {
 			}
 			return redsyncHeld{m, cli, prefix + "data:" + resource}, nil
 		},
+		crash: func(ctx context.Context, resource string) (time.Duration, error) {
+			const ttl = 50 * time.Millisecond
+			start := time.Now()
+			if _, err := lock(ctx, resource, ttl); err != nil {
+				return 0, err
+			}
+			return takeOver(ctx, start.Add(ttl), func() (bool, error) {
+				b, err := lock(ctx, resource, benchTTL)
+				if errors.Is(err, errBusy) {
+					return false, nil
+				}
+				if err == nil {
+					_, err = b.UnlockContext(ctx)
+				}
+				return err == nil, err
+			})
+		},
 		stale: func(ctx context.Context, resource string) (bool, error) {
 			const ttl = 50 * time.Millisecond
 			if _, err := lock(ctx, resource, ttl); err != nil {
@@ -259,6 +314,23 @@ func redislockSystem(cli *goredislib.Client, prefix string) system {
 				return nil, err
 			}
 			return redislockHeld{l, cli, prefix + "data:" + resource}, nil
+		},
+		crash: func(ctx context.Context, resource string) (time.Duration, error) {
+			const ttl = 50 * time.Millisecond
+			start := time.Now()
+			if _, err := lock(ctx, resource, ttl); err != nil {
+				return 0, err
+			}
+			return takeOver(ctx, start.Add(ttl), func() (bool, error) {
+				b, err := lock(ctx, resource, benchTTL)
+				if errors.Is(err, errBusy) {
+					return false, nil
+				}
+				if err == nil {
+					err = b.Release(ctx)
+				}
+				return err == nil, err
+			})
 		},
 		stale: func(ctx context.Context, resource string) (bool, error) {
 			const ttl = 50 * time.Millisecond
@@ -338,6 +410,32 @@ func mutexSystem(cli *clientv3.Client, prefix string) system {
 			}
 			return mutexHeld{m, s, cli, prefix + "data/" + resource, putBack}, nil
 		},
+		crash: func(ctx context.Context, resource string) (time.Duration, error) {
+			start := time.Now()
+			sa, err := concurrency.NewSession(cli, concurrency.WithTTL(2))
+			if err != nil {
+				return 0, err
+			}
+			if _, err := tryLock(ctx, sa, resource); err != nil {
+				return 0, err
+			}
+			sa.Orphan() // the holder dies: no more keepalives
+			sb, err := session()
+			if err != nil {
+				return 0, err
+			}
+			defer putBack(sb)
+			return takeOver(ctx, start.Add(2*time.Second), func() (bool, error) {
+				b, err := tryLock(ctx, sb, resource)
+				if errors.Is(err, errBusy) {
+					return false, nil
+				}
+				if err == nil {
+					err = b.Unlock(ctx)
+				}
+				return err == nil, err
+			})
+		},
 		stale: func(ctx context.Context, resource string) (bool, error) {
 			sa, err := concurrency.NewSession(cli, concurrency.WithTTL(2))
 			if err != nil {
@@ -389,6 +487,25 @@ func (h mutexHeld) release(ctx context.Context) error {
 	err := h.m.Unlock(ctx)
 	h.putBack(h.s)
 	return err
+}
+
+// takeOver tries every millisecond until try succeeds and returns how long after end (the
+// holder's TTL counted from the start of its acquisition) that was.
+func takeOver(ctx context.Context, end time.Time, try func() (bool, error)) (time.Duration, error) {
+	for {
+		ok, err := try()
+		if err != nil {
+			return 0, err
+		}
+		if ok {
+			return time.Since(end), nil
+		}
+		select {
+		case <-ctx.Done():
+			return 0, ctx.Err()
+		case <-time.After(time.Millisecond):
+		}
+	}
 }
 
 func freeURL() (url.URL, error) {
