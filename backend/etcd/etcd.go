@@ -401,11 +401,14 @@ func (d *Driver) holds(k keys, l driver.LeaseRef, who string) []clientv3.Cmp {
 // and then revokes the old etcd lease, which no key uses any more.
 //
 // Why not KeepAliveOnce on the existing etcd lease: it cannot change the TTL, and it is not
-// conditional. Even so, a keepalive that arrives late cannot revive anything: the owner key of
-// generation g is attached only to etcd leases granted for generation g; once that key has
-// been deleted (by expiry, revocation or release) or the generation has moved on, extending
-// such an etcd lease keeps alive a lease that no key uses. TestLateKeepAliveRevivesNothing
-// checks exactly that.
+// conditional. Even so, a keepalive that arrives late cannot revive anything: once generation
+// g's owner key has been deleted (by expiry, revocation or release) or the generation has moved
+// on, every Txn of generation g fails on its token or owner compares, whatever etcd lease is
+// kept alive. An etcd lease carries one acquisition's owner key at a time; one from the pool
+// of leases granted ahead may carry a later acquisition's key after a release deleted the
+// earlier one (ahead.go), and a keepalive on it then only lengthens that later lease.
+// TestLateKeepAliveRevivesNothing checks the first part, TestReleasedLeaseServesOneAcquisition-
+// AtATime the second.
 func (d *Driver) Renew(ctx context.Context, l driver.LeaseRef, ttl time.Duration) (time.Time, bool, error) {
 	k := d.keys(l.Resource)
 	sent := time.Now()
