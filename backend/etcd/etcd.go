@@ -407,8 +407,8 @@ func (d *Driver) holds(k keys, l driver.LeaseRef, who string) []clientv3.Cmp {
 // kept alive. An etcd lease carries one acquisition's owner key at a time; one from the pool
 // of leases granted ahead may carry a later acquisition's key after a release deleted the
 // earlier one (ahead.go), and a keepalive on it then only lengthens that later lease.
-// TestLateKeepAliveRevivesNothing checks the first part, TestReleasedLeaseServesOneAcquisition-
-// AtATime the second.
+// TestLateKeepAliveRevivesNothing checks the first part, and
+// TestReleasedLeaseServesOneAcquisitionAtATime the second.
 func (d *Driver) Renew(ctx context.Context, l driver.LeaseRef, ttl time.Duration) (time.Time, bool, error) {
 	k := d.keys(l.Resource)
 	sent := time.Now()
