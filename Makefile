@@ -7,7 +7,7 @@ GOLANGCI_LINT ?= $(GO) run github.com/golangci/golangci-lint/v2/cmd/golangci-lin
 STATICCHECK   ?= $(GO) run honnef.co/go/tools/cmd/staticcheck@v0.8.2
 MODULES       := $(shell $(GO) work edit -json | sed -n 's/.*"DiskPath": "\(.*\)".*/\1/p')
 
-.PHONY: help build test test-short bench bench-peers lint demo
+.PHONY: help build test test-short bench bench-peers lint demo torture
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-11s %s\n", $$1, $$2}'
 
@@ -34,3 +34,8 @@ lint: ## gofmt, go vet, staticcheck and golangci-lint (pinned versions) on every
 
 demo: ## the failure and the fence, with real processes
 	$(GO) run ./cmd/fenced demo
+
+TORTURE_TIME ?= 60s
+torture: ## fenced torture on every backend for TORTURE_TIME with every fault that applies and the controls, one line per backend; then the checker on 10k..1M operations
+	FENCED_TORTURE_TIME=$(TORTURE_TIME) $(GO) test -tags torture -count=1 -timeout 3h -v -run TestTortureEveryBackend ./cmd/fenced/cli | grep -E '^(torture|--- FAIL|FAIL|ok)'
+	FENCED_TORTURE_SCALE=1000000 $(GO) test -count=1 -timeout 1h -run TestCheckerScale -v ./cmd/fenced/torture | grep -E '^(checker|--- FAIL|FAIL|ok)'

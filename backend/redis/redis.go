@@ -428,6 +428,10 @@ func (d *Driver) OperationKey(opID string) string { return d.prefix + "op:" + op
 
 func (d *Driver) epochKey() string { return d.prefix + "epoch" }
 
+// EpochKey returns the key of the store's epoch, for inspection with redis-cli and for fenced
+// torture's restore fault, which copies it with the resources' hashes.
+func (d *Driver) EpochKey() string { return d.epochKey() }
+
 func (d *Driver) incarnationKey() string { return d.prefix + "incarnation" }
 
 // leaseKeys are the keys of every lease-carrying script: the resource's hash, the epoch and the

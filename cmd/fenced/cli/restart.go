@@ -46,10 +46,40 @@ func serverRestart(scheme, rawURL string) (restartFunc, error) {
 		}
 		return func(ctx context.Context) error { return restartMariaDB(ctx, rawURL) }, nil
 	case "redis", "rediss":
-		return nil, errors.New("not implemented for Redis: the server's start-up configuration cannot be read back to start it again, and a Redis without appendfsync always loses every generation in a restart by design")
+		return nil, errors.New("needs --restart-cmd for Redis: the server's start-up configuration cannot be read back to start it again (and a Redis without appendfsync always loses acknowledged generations in a crash by design)")
 	default:
-		return nil, errors.New("not implemented for " + scheme)
+		return nil, errors.New("needs --restart-cmd for " + scheme + ": torture cannot start its server again by itself")
 	}
+}
+
+// commandRestart is the restart fault through the user's command (sh -c): it must restart the
+// server, or crash it and start it again from its data; torture then waits until the URL's
+// address accepts connections.
+func commandRestart(scheme, rawURL, command string) (restartFunc, error) {
+	if scheme == "sqlite" {
+		return nil, errors.New("not applicable to SQLite: it is embedded in each process, there is no server to restart")
+	}
+	u, err := url.Parse(rawURL)
+	if err != nil || u.Host == "" {
+		return nil, errors.New("the database URL names no host:port to wait for after the restart")
+	}
+	// etcd URLs list endpoints separated by commas: wait for the first.
+	addr, _, _ := strings.Cut(u.Host, ",")
+	if _, _, err := net.SplitHostPort(addr); err != nil {
+		return nil, fmt.Errorf("the database URL's address %q has no port to wait for after the restart", addr)
+	}
+	return func(ctx context.Context) error {
+		ctx, cancel := context.WithTimeout(ctx, 60*time.Second)
+		defer cancel()
+		out, err := exec.CommandContext(ctx, "sh", "-c", command).CombinedOutput()
+		if err != nil {
+			return fmt.Errorf("restart command: %w: %s", err, strings.TrimSpace(string(out)))
+		}
+		if err := waitPort(ctx, addr, true); err != nil {
+			return fmt.Errorf("restart command: the server did not come back: %w", err)
+		}
+		return nil
+	}, nil
 }
 
 // onThisMachine refuses a server that is not on a loopback address.

@@ -4,7 +4,9 @@ import (
 	"bufio"
 	"context"
 	"crypto/rand"
+	"errors"
 	"fmt"
+	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -16,7 +18,9 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/fenced-dev/fenced"
+	"github.com/fenced-dev/fenced/backend/mysql"
 	"github.com/fenced-dev/fenced/backend/postgres"
+	"github.com/fenced-dev/fenced/backend/redis"
 	"github.com/fenced-dev/fenced/backend/sqlite"
 	"github.com/fenced-dev/fenced/cmd/fenced/torture"
 	"github.com/fenced-dev/fenced/driver"
@@ -38,6 +42,11 @@ type tortureOptions struct {
 	gate         bool
 	report       string
 	checkTimeout time.Duration
+	// restoreWithoutBump is the restore fault's control: the copy restored and no bump.
+	restoreWithoutBump bool
+	restartCmd         string // the restart fault's command, for servers torture cannot restart itself
+	mutant             string // a planted bug in the workers' driver (tests only)
+	partitionDev       string // the partition fault's network interface
 }
 
 func (a *app) tortureCmd() *cobra.Command {
@@ -61,16 +70,30 @@ Faults (--faults, comma-separated; default: every one that applies to the databa
               takes its place
   drop-reply  inside a worker, a reply is discarded after the database ran the statement
   restart     restart the database server on this machine: PostgreSQL (pg_ctlcluster) or
-              MariaDB (SHUTDOWN, then mariadbd started again); not applicable to SQLite,
-              not implemented for the other backends
+              MariaDB (SHUTDOWN, then mariadbd started again), or any server with
+              --restart-cmd (e.g. kill -9 of a redis-server with appendfsync always, or of an
+              etcd member, and its start from the same data directory); not applicable to
+              SQLite
   clock       jump the database clock forward and back: SQLite only (an offset file read by
               every statement); PostgreSQL's clock_timestamp() cannot be offset
   rowlock     hold a leased resource's row lock (FOR UPDATE, or an UPDATE rolled back) until
               after the lease expired, while its renewal or publication waits on it: PostgreSQL
               and MariaDB; the checker flags any of them accepted
+  partition   set --partition-dev down for 1-3s, then up: the host side of a veth pair to a
+              network namespace the database server runs in (see docs/TORTURE.md); needs
+              root and --partition-dev
+  bump        fenced epoch bump while the workers run (every lease of the store is freed)
+  restore     copy the torture's rows and the epoch with the workers held at a barrier, let them
+              go on 2-4s, hold them again, restore the copy and bump the epoch (SQLite,
+              PostgreSQL, MariaDB); --restore-without-bump leaves the bump out and must
+              report violations
+bump and restore act on the whole store's epoch: they are in the default set only on the
+temporary SQLite file, and must be named in --faults on a store of --db (use a store that
+nothing else uses).
 
 --unfenced runs the same schedule with a plain lock: the same acquisitions, then an
-unconditional write of the payload (SQLite and PostgreSQL). It must report violations.
+unconditional write of the payload (SQLite, PostgreSQL, MariaDB, Redis). It must report
+violations.
 
 --gate also runs a participating service (destination/gate on a SQLite file of its own, on
 loopback): each worker fences it right after acquiring and sends its build's result to it
@@ -98,20 +121,39 @@ Exit code 7: violations found.`,
 	f.DurationVar(&o.duration, "duration", 30*time.Second, "how long the workers run")
 	f.IntVar(&o.workers, "workers", 4, "worker processes")
 	f.IntVar(&o.resources, "resources", 3, "resources")
-	f.StringVar(&o.faults, "faults", "", "faults to inject: pause,kill,drop-reply,restart,clock,rowlock (default: all that apply)")
+	f.StringVar(&o.faults, "faults", "", "faults to inject: "+strings.Join(torture.AllFaults, ",")+" (default: all that apply)")
 	f.BoolVar(&o.unfenced, "unfenced", false, "use a plain lock (unconditional write): the checker must find violations")
 	f.BoolVar(&o.gate, "gate", false, "also write through a participating service's gate, fenced on acquisition (not with --unfenced)")
 	f.StringVar(&o.report, "report", "", "directory for the HTML report and the histories (default: a new temporary directory)")
 	f.DurationVar(&o.checkTimeout, "check-timeout", time.Minute, "bound on the model check of each resource")
+	f.StringVar(&o.restartCmd, "restart-cmd", "", "shell command that restarts (or crashes and starts) the database server, for the restart fault; torture then waits for its port")
+	f.StringVar(&o.partitionDev, "partition-dev", "", "network interface the partition fault sets down and up: the host side of a veth pair to the database server's network namespace")
+	f.StringVar(&o.mutant, "mutant", "", "a planted bug in the workers' driver, for the tests: "+mutantRenewAfterExpiry+", "+mutantBusyAfterExpiry)
+	_ = f.MarkHidden("mutant")
+	f.BoolVar(&o.restoreWithoutBump, "restore-without-bump", false, "the restore fault's control: restore the copy without bumping the epoch (violations expected)")
 	return cmd
 }
 
 // faultPlan says which faults apply to a database, and why the others do not. restartErr is
 // why the database's server cannot be restarted from here (nil when it can).
-func faultPlan(scheme string, restartErr error, requested []string) (use []string, notApplicable map[string]string) {
+func faultPlan(scheme string, restartErr, restoreErr, partitionErr error, ownStore, explicit bool, requested []string) (use []string, notApplicable map[string]string) {
 	why := map[string]string{}
+	if partitionErr != nil {
+		why[torture.FaultPartition] = partitionErr.Error()
+	}
 	if restartErr != nil {
 		why[torture.FaultRestart] = restartErr.Error()
+	}
+	if restoreErr != nil {
+		why[torture.FaultRestore] = restoreErr.Error()
+	}
+	if !ownStore && !explicit {
+		const whole = "acts on the whole store's epoch: name it in --faults, on a store that nothing else uses"
+		for _, f := range []string{torture.FaultBump, torture.FaultRestore} {
+			if _, ok := why[f]; !ok {
+				why[f] = whole
+			}
+		}
 	}
 	switch scheme {
 	case "sqlite":
@@ -163,8 +205,47 @@ func naiveWrite(drv driver.Driver) (torture.NaiveWrite, error) {
 				WHERE resource = $3`, payload, l.Generation, l.Resource)
 			return err
 		}, nil
+	case *mysql.Driver:
+		return func(ctx context.Context, l driver.LeaseRef, payload []byte) error {
+			_, err := d.DB().ExecContext(ctx, `UPDATE fenced_resources
+				SET payload = ?, published_generation = ?, published_epoch = ?, published_at = UTC_TIMESTAMP(6)
+				WHERE resource = ?`, payload, l.Generation, l.Epoch, l.Resource)
+			return err
+		}, nil
+	case *redis.Driver:
+		return func(ctx context.Context, l driver.LeaseRef, payload []byte) error {
+			return d.Client().HSet(ctx, d.Key(l.Resource), "payload", payload, "published_generation", l.Generation,
+				"published_epoch", l.Epoch).Err()
+		}, nil
 	}
-	return nil, usagef("--unfenced needs SQLite or PostgreSQL")
+	return nil, usagef("--unfenced is not implemented for %s (SQLite, PostgreSQL, MariaDB and Redis have a plain lock's write)", backendName(drv))
+}
+
+// engineClock reports whether the engine's replies carry its own clock (etcd's do not: a
+// lease's expiry there is the client's clock plus the etcd lease's TTL in whole seconds).
+func engineClock(url string) bool {
+	scheme, _, _ := strings.Cut(url, ":")
+	return strings.ToLower(scheme) != "etcd"
+}
+
+// unfencedSchemes are the URL schemes naiveWrite has a plain lock's write for.
+var unfencedSchemes = map[string]bool{"sqlite": true, "postgres": true, "postgresql": true, "mysql": true, "mariadb": true,
+	"redis": true, "rediss": true}
+
+// restoreApplies says whether newStoreCopy can copy a store of this scheme, or why not.
+func restoreApplies(scheme string) error {
+	switch scheme {
+	case "sqlite", "postgres", "postgresql", "mysql", "mariadb", "redis", "rediss":
+		return nil
+	}
+	return fmt.Errorf("not implemented for %s: the restore fault copies SQL tables (SQLite, PostgreSQL, MariaDB) or Redis keys", scheme)
+}
+
+// backendName names the driver's engine for a message.
+func backendName(drv driver.Driver) string {
+	name := fmt.Sprintf("%T", drv) // *etcd.Driver
+	name = strings.TrimPrefix(strings.TrimSuffix(name, ".Driver"), "*")
+	return name
 }
 
 func (a *app) torture(cmd *cobra.Command, o tortureOptions) error {
@@ -176,6 +257,8 @@ func (a *app) torture(cmd *cobra.Command, o tortureOptions) error {
 		return usagef("invalid --workers %d: 1 to 64", o.workers)
 	case o.resources < 1 || o.resources > 100:
 		return usagef("invalid --resources %d: 1 to 100", o.resources)
+	case o.checkTimeout <= 0:
+		return usagef("invalid --check-timeout %s: more than 0", o.checkTimeout)
 	}
 	requested, explicit := torture.AllFaults, o.faults != ""
 	if explicit {
@@ -201,13 +284,54 @@ func (a *app) torture(cmd *cobra.Command, o tortureOptions) error {
 	}
 	scheme, _, _ := strings.Cut(url, ":")
 	scheme = strings.ToLower(scheme)
-	if o.unfenced && scheme != "sqlite" && scheme != "postgres" && scheme != "postgresql" {
-		return usagef("--unfenced needs SQLite or PostgreSQL")
-	}
 	restart, restartErr := serverRestart(scheme, url)
-	faults, notApplicable := faultPlan(scheme, restartErr, requested)
+	if o.restartCmd != "" {
+		if restart, restartErr = commandRestart(scheme, url, o.restartCmd); restartErr != nil {
+			return usagef("invalid --restart-cmd: %v", restartErr)
+		}
+	}
+	ownStore := !cmd.Flags().Changed("db") && os.Getenv("FENCED_DB") == ""
+	if o.unfenced && !unfencedSchemes[scheme] {
+		return usagef("--unfenced is not implemented for %s: SQLite, PostgreSQL, MariaDB and Redis have a plain lock's write", scheme)
+	}
+	partitionErr := errors.New("needs --partition-dev, the host side of a veth pair to the database server's network namespace")
+	if o.partitionDev != "" {
+		if scheme == "sqlite" {
+			return usagef("invalid --partition-dev: SQLite is embedded in each process, there is no network to cut")
+		}
+		if _, err := net.InterfaceByName(o.partitionDev); err != nil {
+			return usagef("invalid --partition-dev %q: no such network interface", o.partitionDev)
+		}
+		if _, err := exec.LookPath("ip"); err != nil {
+			return usagef("invalid --partition-dev: the partition fault needs ip (iproute2)")
+		}
+		partitionErr = nil
+	}
+	faults, notApplicable := faultPlan(scheme, restartErr, restoreApplies(scheme), partitionErr, ownStore, explicit, requested)
+	if explicit {
+		// A fault named in --faults that cannot be injected here is refused, by name.
+		for _, f := range requested {
+			if why, ok := notApplicable[f]; ok {
+				return usagef("the %s fault does not apply here: %s", f, why)
+			}
+		}
+	}
+	if o.restoreWithoutBump && !contains(faults, torture.FaultRestore) {
+		return usagef("--restore-without-bump needs the restore fault")
+	}
+	if o.mutant != "" && o.mutant != mutantRenewAfterExpiry && o.mutant != mutantBusyAfterExpiry {
+		return usagef("unknown mutant %q", o.mutant)
+	}
+	runID := strings.ToLower(rand.Text()[:6])
+	resources := make([]string, o.resources)
+	for i := range resources {
+		resources[i] = fmt.Sprintf("torture-%s-%d", runID, i+1)
+	}
 
 	dir := o.report
+	if fi, err := os.Stat(dir); dir != "" && err == nil && !fi.IsDir() {
+		return usagef("invalid --report %s: not a directory", dir)
+	}
 	if dir == "" {
 		if dir, err = os.MkdirTemp("", "fenced-torture-"); err != nil {
 			return fmt.Errorf("create report directory: %w", err)
@@ -232,6 +356,7 @@ func (a *app) torture(cmd *cobra.Command, o tortureOptions) error {
 	if err != nil {
 		return err
 	}
+	copier, _ := newStoreCopy(drv, runID, resources)
 	store, err := fenced.New(ctx, drv, &fenced.Config{AllowNonDurable: a.allowNonDur})
 	if err != nil {
 		_ = drv.Close()
@@ -242,11 +367,6 @@ func (a *app) torture(cmd *cobra.Command, o tortureOptions) error {
 		if _, err := naiveWrite(drv); err != nil {
 			return err
 		}
-	}
-	runID := strings.ToLower(rand.Text()[:6])
-	resources := make([]string, o.resources)
-	for i := range resources {
-		resources[i] = fmt.Sprintf("torture-%s-%d", runID, i+1)
 	}
 	if err := store.Provision(ctx, resources...); err != nil {
 		return err
@@ -261,7 +381,7 @@ func (a *app) torture(cmd *cobra.Command, o tortureOptions) error {
 		if err != nil {
 			return fmt.Errorf("read %s: %w", r, err)
 		}
-		init[r] = torture.State{Generation: st.Generation, Owner: st.Owner, PublishedGeneration: st.PublishedGeneration, Payload: string(payload)}
+		init[r] = torture.State{Epoch: st.CurrentEpoch, Generation: st.Generation, Owner: st.Owner, PublishedGeneration: st.PublishedGeneration, Payload: string(payload)}
 	}
 
 	plan := torture.Plan(o.seed, o.duration, o.workers, faults)
@@ -273,12 +393,21 @@ func (a *app) torture(cmd *cobra.Command, o tortureOptions) error {
 	if o.unfenced {
 		mode = "UNFENCED (plain lock)"
 	}
+	if o.restoreWithoutBump {
+		mode += ", restores WITHOUT an epoch bump"
+	}
 	fmt.Fprintf(a.stdout, "fenced torture: seed %d, %s, %d workers, %d resources, %s, %s; faults %s; %d nemesis actions planned\n",
 		o.seed, o.duration, o.workers, o.resources, where, mode, orNone(strings.Join(faults, ",")), len(plan))
 	fmt.Fprintf(a.stdout, "histories in %s\n", hist)
 
 	t := &tortureRun{a: a, o: o, exe: exe, url: url, clockFile: clockFile, hist: hist, resources: resources,
-		faults: faults, procs: make([]*tortureProc, o.workers), restart: restart}
+		faults: faults, procs: make([]*tortureProc, o.workers), restart: restart, copier: copier,
+		barrierPath: filepath.Join(dir, "barrier")}
+	if contains(faults, torture.FaultRestore) {
+		defer copier.drop(context.WithoutCancel(ctx))
+	} else {
+		t.copier = nil
+	}
 	if o.gate {
 		svc, err := startTortureGate(ctx, filepath.Join(dir, "gate.db"), resources)
 		if err != nil {
@@ -294,6 +423,11 @@ func (a *app) torture(cmd *cobra.Command, o tortureOptions) error {
 		return err
 	}
 	elapsed := time.Since(started)
+	interrupted := ctx.Err() != nil
+	if interrupted {
+		// Ctrl-C: the workers are stopped; what they recorded is still checked and reported.
+		fmt.Fprintf(a.stdout, "interrupted after %s: the workers are stopped; checking what they recorded\n", elapsed.Round(time.Millisecond))
+	}
 
 	h, err := torture.Load(hist)
 	if err != nil {
@@ -312,6 +446,9 @@ func (a *app) torture(cmd *cobra.Command, o tortureOptions) error {
 	fmt.Fprintf(a.stdout, "report: %s\n", path)
 	if !res.OK() {
 		return &violationsError{n: len(res.Violations)}
+	}
+	if interrupted {
+		return fmt.Errorf("torture interrupted after %s (report written): %w", elapsed.Round(time.Millisecond), ctx.Err())
 	}
 	return nil
 }
@@ -340,6 +477,10 @@ type tortureRun struct {
 	until time.Time      // workers start no new iteration after it
 	nem   *torture.Recorder
 	drv   driver.Driver // the parent's own connections (reader, rowlock)
+
+	copier      storeCopier      // nil unless the restore fault applies
+	barrierPath string           // held shared by every request, exclusively by the restore fault
+	barrier     *torture.Barrier // the nemesis's own open file description of it
 }
 
 // tortureProc is one worker process seen from the parent.
@@ -394,6 +535,18 @@ func (t *tortureRun) execute(ctx context.Context, drv driver.Driver, plan []tort
 		return err
 	}
 	defer reader.Close()
+	if !engineClock(t.url) {
+		reader.WithoutEngineClock()
+	}
+	if t.barrier, err = torture.OpenBarrier(t.barrierPath); err != nil {
+		return err
+	}
+	defer t.barrier.Close()
+	readerBarrier, err := torture.OpenBarrier(t.barrierPath)
+	if err != nil {
+		return err
+	}
+	defer readerBarrier.Close()
 
 	start := time.Now()
 	t.until = start.Add(t.o.duration)
@@ -411,7 +564,7 @@ func (t *tortureRun) execute(ctx context.Context, drv driver.Driver, plan []tort
 	readerDone := make(chan struct{})
 	go func() {
 		defer close(readerDone)
-		torture.RunReader(readCtx, drv, reader, t.resources, t.o.seed, 50*time.Millisecond)
+		torture.RunReader(readCtx, drv, reader, readerBarrier, t.resources, t.o.seed, 50*time.Millisecond)
 	}()
 
 	for _, f := range plan {
@@ -428,10 +581,13 @@ func (t *tortureRun) execute(ctx context.Context, drv driver.Driver, plan []tort
 	grace.Stop()
 	stopReader()
 	<-readerDone
-	if err := ctx.Err(); err != nil {
-		return fmt.Errorf("torture interrupted: %w", err)
+	if ctx.Err() != nil {
+		_ = nem.Write(torture.Record{Kind: torture.KindEvent, Event: "interrupted", Detail: "the run was interrupted; workers stopped"})
 	}
-	torture.ReadAll(ctx, drv, reader, t.resources) // the final state
+	// The final state; after an interruption too, briefly.
+	final, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
+	defer cancel()
+	torture.ReadAll(final, drv, reader, t.resources)
 	return nil
 }
 
@@ -486,7 +642,8 @@ func (t *tortureRun) startWorker(ctx context.Context, slot, incarnation int, rem
 		"--seed", strconv.FormatUint(torture.WorkerSeed(t.o.seed, (slot+1)*1000+incarnation), 10),
 		"--resources", strings.Join(t.resources, ","),
 		"--history", filepath.Join(t.hist, name+".jsonl"),
-		"--duration", remaining.String()}
+		"--duration", remaining.String(),
+		"--barrier", t.barrierPath}
 	if contains(t.faults, torture.FaultDropReply) {
 		args = append(args, "--drop-reply", strconv.FormatFloat(torture.DropReply, 'f', -1, 64))
 	}
@@ -498,6 +655,12 @@ func (t *tortureRun) startWorker(ctx context.Context, slot, incarnation int, rem
 		if !t.o.unfenced {
 			args = append(args, "--gate-fence")
 		}
+	}
+	if t.o.mutant != "" {
+		args = append(args, "--mutant", t.o.mutant)
+	}
+	if !engineClock(t.url) {
+		args = append(args, "--no-engine-clock")
 	}
 	if t.clockFile != "" {
 		args = append(args, "--clock-file", t.clockFile)
@@ -609,6 +772,12 @@ func (t *tortureRun) inject(ctx context.Context, f torture.Fault) {
 		_ = t.nem.Write(torture.Record{Kind: torture.KindEvent, Event: torture.FaultRestart, Time: begin, EndTime: torture.Now(), Detail: detail})
 	case torture.FaultRowLock:
 		t.holdRowLock(ctx, f)
+	case torture.FaultBump:
+		t.bump(ctx)
+	case torture.FaultPartition:
+		t.partition(ctx, f)
+	case torture.FaultRestore:
+		t.restoreFault(ctx, f)
 	case torture.FaultClock:
 		us := f.OffsetMs * 1000
 		if err := os.WriteFile(t.clockFile, []byte(strconv.FormatInt(us, 10)+"\n"), 0o644); err != nil {
@@ -644,10 +813,10 @@ func (t *tortureRun) await(ctx context.Context, p *tortureProc, tr *trap) bool {
 // tortureWorkerCmd is a worker process of fenced torture (hidden).
 func (a *app) tortureWorkerCmd() *cobra.Command {
 	var (
-		cfg                                    torture.WorkerConfig
-		resources, history, clockFile, seedStr string
-		naive, gateFence                       bool
-		gateURL                                string
+		cfg                                                     torture.WorkerConfig
+		resources, history, clockFile, seedStr, barrier, mutant string
+		noClock, naive, gateFence                               bool
+		gateURL                                                 string
 	)
 	cmd := &cobra.Command{
 		Use:    "torture-worker",
@@ -665,6 +834,11 @@ func (a *app) tortureWorkerCmd() *cobra.Command {
 				return err
 			}
 			defer drv.Close()
+			if drv, err = mutate(drv, mutant); err != nil {
+				return err
+			}
+			// The renewal mutant shows only where renewals come after a pause: every lease is renewed.
+			cfg.RenewAlways = mutant == mutantRenewAfterExpiry
 			if naive {
 				if cfg.Naive, err = naiveWrite(drv); err != nil {
 					return err
@@ -678,6 +852,15 @@ func (a *app) tortureWorkerCmd() *cobra.Command {
 				return err
 			}
 			defer rec.Close()
+			if noClock {
+				rec.WithoutEngineClock()
+			}
+			if barrier != "" {
+				if cfg.Barrier, err = torture.OpenBarrier(barrier); err != nil {
+					return err
+				}
+				defer cfg.Barrier.Close()
+			}
 			return torture.RunWorker(cmd.Context(), cfg, drv, rec)
 		}),
 	}
@@ -692,5 +875,8 @@ func (a *app) tortureWorkerCmd() *cobra.Command {
 	f.StringVar(&clockFile, "clock-file", "", "SQLite clock offset file")
 	f.StringVar(&gateURL, "gate", "", "participating service to write through")
 	f.BoolVar(&gateFence, "gate-fence", false, "fence the service right after acquiring")
+	f.StringVar(&barrier, "barrier", "", "barrier file, held shared by each request")
+	f.StringVar(&mutant, "mutant", "", "a planted bug (tests only)")
+	f.BoolVar(&noClock, "no-engine-clock", false, "leave the engine's clock out of the history")
 	return cmd
 }

@@ -7,7 +7,9 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 )
@@ -98,13 +100,91 @@ func tortureBoth(t *testing.T, db string, faults []string, args ...string) {
 func TestTortureSQLite(t *testing.T) {
 	t.Parallel()
 	// No --db: a temporary SQLite file, with every fault that applies to it.
-	tortureBoth(t, "", []string{"pause", "kill", "drop-reply", "clock"})
+	tortureBoth(t, "", []string{"pause", "kill", "drop-reply", "clock", "bump", "restore"})
 }
 
 func TestTorturePostgres(t *testing.T) {
 	t.Parallel()
-	// restart is left out: the other tests share this server.
-	tortureBoth(t, postgresSchema(t), []string{"pause", "kill", "drop-reply", "rowlock"}, "--faults", "pause,kill,drop-reply,rowlock")
+	// restart is left out: the other tests share this server. bump and restore act on the
+	// whole store: the schema is the test's own.
+	tortureBoth(t, postgresSchema(t), []string{"pause", "kill", "drop-reply", "rowlock", "bump", "restore"},
+		"--faults", "pause,kill,drop-reply,rowlock,bump,restore")
+}
+
+// TestTortureRestoreWithoutBump is the restore fault's control: the same copy restored without
+// the epoch bump hands out tokens again, and the checker must say so.
+func TestTortureRestoreWithoutBump(t *testing.T) {
+	t.Parallel()
+	code, out := runTorture(t, "", "--duration", "10s", "--faults", "restore,drop-reply", "--restore-without-bump")
+	if code != 7 || !strings.Contains(out, "VIOLATED 1 unique tokens") || !strings.Contains(out, "VIOLATED 3 fence") {
+		t.Fatalf("restore without a bump: exit %d, want 7 with repeated tokens and accepted stale writes", code)
+	}
+	if strings.Contains(out, "VIOLATED model") {
+		t.Error("the model must take the restore as a legitimate rollback")
+	}
+	checkTortured(t, out, "restore")
+}
+
+// TestTortureInterrupted: Ctrl-C stops the workers, and the report is still written.
+func TestTortureInterrupted(t *testing.T) {
+	t.Parallel()
+	report := t.TempDir()
+	cmd := exec.Command(bin, "torture", "--seed", tortureSeed, "--duration", "60s", "--report", report, "--faults", "pause,kill")
+	cmd.Dir = t.TempDir()
+	for _, kv := range os.Environ() {
+		if !strings.HasPrefix(kv, "FENCED_DB=") {
+			cmd.Env = append(cmd.Env, kv)
+		}
+	}
+	var out bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &out
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	// The barrier: a worker has recorded an acknowledged operation.
+	deadline := time.Now().Add(time.Minute)
+	for {
+		files, _ := filepath.Glob(filepath.Join(report, "history", "w*.jsonl"))
+		done := false
+		for _, f := range files {
+			b, _ := os.ReadFile(f)
+			done = done || bytes.Contains(b, []byte(`"k":"return"`))
+		}
+		if done {
+			break
+		}
+		if time.Now().After(deadline) {
+			_ = cmd.Process.Kill()
+			t.Fatalf("no worker recorded an operation within a minute:\n%s", out.String())
+		}
+		time.Sleep(20 * time.Millisecond) // polling for the barrier
+	}
+	if err := cmd.Process.Signal(os.Interrupt); err != nil {
+		t.Fatal(err)
+	}
+	_ = cmd.Wait()
+	t.Logf("interrupted torture:\n%s", out.String())
+	if code := cmd.ProcessState.ExitCode(); code != 1 {
+		t.Errorf("exit %d, want 1 (interrupted)", code)
+	}
+	for _, want := range []string{"interrupted after", "RESULT: no violations found", "report written"} {
+		if !strings.Contains(out.String(), want) {
+			t.Errorf("the output has no %q", want)
+		}
+	}
+	if _, err := os.Stat(filepath.Join(report, "index.html")); err != nil {
+		t.Errorf("no HTML report: %v", err)
+	}
+	nem, err := os.ReadFile(filepath.Join(report, "history", "nemesis.jsonl"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, m := range regexp.MustCompile(`"pid":(\d+)`).FindAllSubmatch(nem, -1) {
+		pid, _ := strconv.Atoi(string(m[1]))
+		if syscall.Kill(pid, 0) == nil {
+			t.Errorf("worker process %d still runs after the interruption", pid)
+		}
+	}
 }
 
 func TestTortureUsage(t *testing.T) {
@@ -113,11 +193,32 @@ func TestTortureUsage(t *testing.T) {
 		{"torture", "--duration", "1s"},
 		{"torture", "--workers", "0"},
 		{"torture", "--faults", "pause,bogus"},
-		{"--db", "redis://127.0.0.1:1/0", "torture", "--unfenced", "--duration", "3s"},
+		{"torture", "--faults", ",,"},
+		{"torture", "--duration", "soon"},
+		{"torture", "--duration", "-1s"},
+		{"torture", "--workers", "65"},
+		{"torture", "--resources", "0"},
+		{"torture", "--seed", "-3"},
+		{"torture", "--check-timeout", "0s"},
+		{"torture", "--report", "/etc/passwd"},
+		{"torture", "--restore-without-bump", "--faults", "pause"},
+		{"torture", "--faults", "restart"},       // SQLite: no server
+		{"torture", "--faults", "rowlock,pause"}, // SQLite: no row locks
+		{"--db", "etcd://127.0.0.1:1", "torture", "--unfenced", "--duration", "3s"},
+		{"--db", "etcd://127.0.0.1:1", "torture", "--faults", "restore"},
+		{"--db", "etcd://127.0.0.1:1", "torture", "--faults", "clock"},
 	} {
 		r := runIn(t, dir, "", nil, args...)
-		if r.code != 2 {
-			t.Errorf("fenced %s: exit %d, want 2 (stderr %q)", strings.Join(args, " "), r.code, r.stderr)
+		if r.code != 2 || strings.Count(strings.TrimSpace(r.stderr), "\n") != 0 {
+			t.Errorf("fenced %s: exit %d, want 2 and one sentence (stderr %q)", strings.Join(args, " "), r.code, r.stderr)
+		}
+	}
+	for args, want := range map[string]string{
+		"torture --faults restart":       "the restart fault does not apply",
+		"torture --faults rowlock,pause": "the rowlock fault does not apply",
+	} {
+		if r := runIn(t, dir, "", nil, strings.Fields(args)...); !strings.Contains(r.stderr, want) {
+			t.Errorf("fenced %s: %q does not say %q", args, r.stderr, want)
 		}
 	}
 	if _, err := os.Stat(filepath.Join(dir, "fenced.db")); err == nil {
@@ -158,4 +259,27 @@ func TestTortureGate(t *testing.T) {
 			t.Error("unfenced workers fenced the gate")
 		}
 	})
+}
+
+// TestTortureMutants plants the bugs the clock checks are about in the workers' driver and runs
+// real processes on SQLite: a renewal without the expiry condition (one worker, so that nobody
+// takes a paused worker's lease over; every lease is renewed after the build's first half,
+// which a pause stretches past the expiry) and busy answers for expired leases (killed and
+// paused workers leave them). Only the clock checks can see either.
+func TestTortureMutants(t *testing.T) {
+	for _, tc := range []struct {
+		mutant, want string
+		args         []string
+	}{
+		{"renew-after-expiry", "VIOLATED 6 no renewal is accepted at or after its lease's expiry", []string{"--workers", "1", "--faults", "pause"}},
+		{"busy-after-expiry", "VIOLATED 14 liveness", []string{"--faults", "pause,kill"}},
+	} {
+		t.Run(tc.mutant, func(t *testing.T) {
+			t.Parallel()
+			code, out := runTorture(t, "", append([]string{"--duration", "12s", "--mutant", tc.mutant}, tc.args...)...)
+			if code != 7 || !strings.Contains(out, tc.want) {
+				t.Fatalf("mutant %s: exit %d, want 7 and %q", tc.mutant, code, tc.want)
+			}
+		})
+	}
 }

@@ -2,6 +2,7 @@ package torture
 
 import (
 	"fmt"
+	"math"
 	"sort"
 	"time"
 
@@ -11,15 +12,18 @@ import (
 // Invariant names, numbered as in CORRECTNESS.md.
 const (
 	InvLinearizable     = "model: every resource's history is linearizable against the protocol model"
-	InvUniqueTokens     = "1 unique tokens: no two acknowledged acquisitions share a generation"
+	InvUniqueTokens     = "1 unique tokens: no two acknowledged acquisitions share a token (epoch, generation)"
 	InvRealTimeOrder    = "2 real-time order: an acquisition that finished before another started has the smaller token"
 	InvFence            = "3 fence: nothing carrying a smaller token is accepted after a larger acquisition was acknowledged"
-	InvOnePublication   = "4a at most one accepted publication per generation"
-	InvPublishedGrows   = "4b the published generation never decreases (publications and reads, in real time)"
+	InvOnePublication   = "4a at most one accepted publication per token"
+	InvPublishedGrows   = "4b the published generation never decreases (publications and reads, in real time), except across a restore"
 	InvPayloadBelongs   = "5 the payload belongs to the publication that set the published generation"
 	InvLeaseExists      = "6 an accepted renewal, publication or release carries an acquisition that was made"
 	InvNoRevival        = "6 no renewal or publication that waited on a row lock (rowlock fault) past its lease's expiry is accepted"
-	InvReadsMonotonic   = "9 reads never go back in time (per reader)"
+	InvRenewClock       = "6 no renewal is accepted at or after its lease's expiry, both read on the database's clock from the replies"
+	InvBumpFences       = "8 after an epoch bump is acknowledged, no acquisition gets an older epoch and nothing carrying an older epoch is accepted"
+	InvLiveness         = "14 liveness: no acquisition is answered busy by a lease that had expired, on the database's clock, more than the bound before the request"
+	InvReadsMonotonic   = "9 reads never go back in time (per reader), except across a restore"
 	InvIdentityPerAcq   = "12 identity per acquisition: no owner identity is used by two acquisitions"
 	InvGate             = "3 at a participating service (--gate): it accepts no write carrying a token older than one whose holder was ready (fenced, or acquired when nobody fences) before the write was sent"
 	maxExcerpt          = 40
@@ -29,17 +33,22 @@ const (
 
 // Invariants lists what Check verifies, in order.
 var Invariants = []string{InvLinearizable, InvUniqueTokens, InvRealTimeOrder, InvFence, InvOnePublication,
-	InvPublishedGrows, InvPayloadBelongs, InvLeaseExists, InvNoRevival, InvReadsMonotonic, InvIdentityPerAcq, InvGate}
+	InvPublishedGrows, InvPayloadBelongs, InvLeaseExists, InvNoRevival, InvRenewClock, InvBumpFences, InvReadsMonotonic,
+	InvIdentityPerAcq, InvLiveness, InvGate}
+
+// LivenessBound is how long after a lease's expiry on the database's clock an acquisition may
+// still be answered busy by it: the uncertainty of mapping the database's clock onto the
+// history's is added to it per run (see checker.clockMap).
+const LivenessBound = 50 * time.Millisecond
 
 // NotShown lists the invariants a history of this kind cannot show, and why.
 var NotShown = []string{
-	"6 (renewal never revives an EXPIRED lease): the history has no database clock, so a renewal accepted after a lease expired with nobody taking over looks like a renewal just in time; only revival after a successor's acquisition is checked (as 3), and, with the rowlock fault, revival by a statement that waited on the row lock until after the expiry",
-	"7 durability: shown only when a restart ran; then every read after it must still be explained by the model, which includes the acknowledged generations",
-	"8 rollback detection: no fault restores an older copy (a later issue)",
-	"10 expiry by the database's clock alone: not visible in a history; the clock fault (SQLite) jumps that clock and the other invariants must still hold",
+	"6 (renewal never revives an expired lease): checked for renewals from the engine's clock in the replies; a publication's reply carries no clock, so a publication accepted after its lease expired with nobody taking over is seen only across a rowlock fault",
+	"7 durability: shown only when a restart or a restore ran; then every read after it must still be explained by the model, which includes the acknowledged generations (a restore rolls them back by design)",
+	"10 expiry by the database's clock alone: seen through 6 and 14 on the engine's clock; the clock fault (SQLite) jumps that clock and the other invariants must still hold",
 	"11 the holder's trust window: the workers deliberately ignore it, so that stale writes reach the database",
 	"13 failed means not applied: refusals are checked by the model (a refused publication that took effect would show in later reads); replies dropped after a commit are recorded as unknown",
-	"14 liveness: not checked (a busy answer is always allowed, since the checker cannot see expiry)",
+	"14 liveness beyond busy answers: a worker that never comes back (killed) is not a liveness failure; a busy answer naming no expiry (a driver that reports none) is not checked",
 }
 
 // Violation is one broken invariant with the operations that show it.
@@ -94,39 +103,37 @@ func Check(h *History, init map[string]State, timeout time.Duration) *Result {
 		}
 		r.Counts[op.Kind][op.Out]++
 	}
-	c := &checker{h: h, r: r, res: map[string]*InvariantResult{}}
+	c := &checker{h: h, r: r, res: map[string]*InvariantResult{}, restores: map[string][]*Op{}}
 	for _, name := range Invariants {
 		c.res[name] = &InvariantResult{Name: name}
 	}
 	fencing := false
+	byRes, withGate := map[string][]*Op{}, map[string][]*Op{}
 	for _, op := range h.Ops {
 		fencing = fencing || op.Kind == OpFence
+		withGate[op.Resource] = append(withGate[op.Resource], op)
+		if !op.Gate() { // the gate's operations are checked apart, not by the model
+			byRes[op.Resource] = append(byRes[op.Resource], op)
+		}
+		if op.Kind == OpRestore && op.Out != OutFailed {
+			c.restores[op.Resource] = append(c.restores[op.Resource], op)
+		}
 	}
 	for _, res := range h.Resources() {
-		var ops, withGate []*Op
-		for _, op := range h.Ops {
-			if op.Resource == res {
-				withGate = append(withGate, op)
-				if !op.Gate() { // the gate's operations are checked apart, not by the model
-					ops = append(ops, op)
-				}
-			}
-		}
-		c.gateTokens(res, withGate, fencing)
+		ops := byRes[res]
+		c.gateTokens(res, withGate[res], fencing)
 		c.tokens(res, ops)
+		c.bumps(res, ops)
+		c.renewClock(res, ops)
 		c.publications(res, ops)
 		c.payloads(res, ops)
 	}
 	c.rowLocks()
 	c.readers()
 	c.identities()
+	c.liveness()
 	for _, res := range h.Resources() {
-		var ops []*Op
-		for _, op := range h.Ops {
-			if op.Resource == res && !op.Gate() {
-				ops = append(ops, op)
-			}
-		}
+		ops := byRes[res]
 		// Proving that no order exists can take porcupine a long time when many outcomes are
 		// unknown; where the direct checks already found a violation it gets a short budget.
 		budget, flagged := timeout, false
@@ -147,6 +154,7 @@ func Check(h *History, init map[string]State, timeout time.Duration) *Result {
 
 // State is a resource's row before the run, as the parent read it.
 type State struct {
+	Epoch               int64 // the store's epoch
 	Generation          int64
 	Owner               string
 	PublishedGeneration int64
@@ -154,13 +162,14 @@ type State struct {
 }
 
 func (s State) model() state {
-	return state{Gen: s.Generation, Owner: s.Owner, Pub: s.PublishedGeneration, Payload: s.Payload}
+	return state{Epoch: s.Epoch, Gen: s.Generation, Owner: s.Owner, Pub: s.PublishedGeneration, Payload: s.Payload}
 }
 
 type checker struct {
-	h   *History
-	r   *Result
-	res map[string]*InvariantResult
+	h        *History
+	r        *Result
+	res      map[string]*InvariantResult
+	restores map[string][]*Op // per resource
 }
 
 func (c *checker) violate(inv, resource, msg string, involved ...*Op) {
@@ -283,11 +292,20 @@ func (c *checker) linearizable(res string, ops []*Op, init state, timeout time.D
 		culprit.Index, culprit.Kind, culprit.Out, len(longest), len(ops), res), involved...)
 }
 
-// tokens checks invariants 1, 2, 3 and 6 on one resource.
+// token is (epoch, generation), compared as the destination compares it.
+type token struct{ e, g int64 }
+
+func tok(op *Op) token            { return token{op.Epoch, op.Gen} }
+func (a token) less(b token) bool { return a.e < b.e || (a.e == b.e && a.g < b.g) }
+func (a token) String() string    { return fmt.Sprintf("epoch %d generation %d", a.e, a.g) }
+
+// tokens checks invariants 1, 2, 3 and 6 on one resource. Tokens are (epoch, generation) in
+// lexicographic order: a restore may take generations back, and only the epoch bump that
+// follows it keeps every later token above every earlier one, which is what is checked.
 func (c *checker) tokens(res string, ops []*Op) {
 	var acqs []*Op
 	made := map[string]bool{} // owner/generation of acquisitions that were or may have been made
-	byGen := map[int64]*Op{}
+	byTok := map[token]*Op{}
 	for _, op := range ops {
 		if op.Kind != OpAcquire {
 			continue
@@ -296,10 +314,10 @@ func (c *checker) tokens(res string, ops []*Op) {
 			acqs = append(acqs, op)
 			made[fmt.Sprint(op.Owner, "/", op.Gen)] = true
 			c.res[InvUniqueTokens].Checked++
-			if prev := byGen[op.Gen]; prev != nil {
-				c.violate(InvUniqueTokens, res, fmt.Sprintf("two acquisitions were granted generation %d", op.Gen), prev, op)
+			if prev := byTok[tok(op)]; prev != nil {
+				c.violate(InvUniqueTokens, res, fmt.Sprintf("two acquisitions were granted %s", tok(op)), prev, op)
 			} else {
-				byGen[op.Gen] = op
+				byTok[tok(op)] = op
 			}
 		}
 	}
@@ -310,7 +328,7 @@ func (c *checker) tokens(res string, ops []*Op) {
 	k := 0
 	advance := func(t int64) {
 		for ; k < len(byReturn) && byReturn[k].Return < t; k++ {
-			if top == nil || byReturn[k].Gen > top.Gen {
+			if top == nil || tok(top).less(tok(byReturn[k])) {
 				top = byReturn[k]
 			}
 		}
@@ -320,18 +338,18 @@ func (c *checker) tokens(res string, ops []*Op) {
 		switch {
 		case op.Kind == OpAcquire && op.Out == OutOK:
 			c.res[InvRealTimeOrder].Checked++
-			if top != nil && top.Gen >= op.Gen {
+			if top != nil && !tok(top).less(tok(op)) {
 				c.violate(InvRealTimeOrder, res, fmt.Sprintf(
-					"generation %d was granted to an acquisition that started after generation %d had been acknowledged",
-					op.Gen, top.Gen), top, op)
+					"%s was granted to an acquisition that started after %s had been acknowledged",
+					tok(op), tok(top)), top, op)
 			}
 		case op.Write() && op.Out == OutOK:
 			c.res[InvFence].Checked++
 			c.res[InvLeaseExists].Checked++
-			if top != nil && top.Gen > op.Gen {
+			if top != nil && tok(op).less(tok(top)) {
 				c.violate(InvFence, res, fmt.Sprintf(
-					"%s with generation %d was accepted after generation %d had been acknowledged",
-					op.Kind, op.Gen, top.Gen), top, op)
+					"%s with %s was accepted after %s had been acknowledged",
+					op.Kind, tok(op), tok(top)), top, op)
 			}
 			if !made[fmt.Sprint(op.Owner, "/", op.Gen)] && !c.maybeMade(ops, op) {
 				c.violate(InvLeaseExists, res, fmt.Sprintf(
@@ -339,6 +357,209 @@ func (c *checker) tokens(res string, ops []*Op) {
 					op.Kind, short(op.Owner), op.Gen), op)
 			}
 		}
+	}
+}
+
+// restoresBetween reports whether a restore of res may have taken effect after from and
+// before to: a legitimate rollback, across which published generations and reads may go back.
+func (c *checker) restoresBetween(res string, from, to int64) bool {
+	for _, r := range c.restores[res] {
+		if r.Call < to && r.Return > from {
+			return true
+		}
+	}
+	return false
+}
+
+// bumps checks invariant 8 on one resource: once a bump of the epoch to E was acknowledged,
+// every acquisition called afterwards gets an epoch of at least E, and nothing carrying an
+// older epoch is accepted. A restore without a bump takes the epoch back and breaks this.
+func (c *checker) bumps(res string, ops []*Op) {
+	var bumps []*Op
+	for _, op := range ops {
+		if op.Kind == OpBump && op.Out == OutOK {
+			bumps = append(bumps, op)
+		}
+	}
+	if len(bumps) == 0 {
+		return
+	}
+	sort.Slice(bumps, func(i, j int) bool { return bumps[i].Return < bumps[j].Return })
+	var top *Op
+	k := 0
+	for _, op := range ops {
+		for ; k < len(bumps) && bumps[k].Return < op.Call; k++ {
+			if top == nil || bumps[k].Epoch > top.Epoch {
+				top = bumps[k]
+			}
+		}
+		if top == nil || op.Out != OutOK || (op.Kind != OpAcquire && !op.Write()) {
+			continue
+		}
+		c.res[InvBumpFences].Checked++
+		if op.Epoch < top.Epoch {
+			what := "accepted"
+			if op.Kind == OpAcquire {
+				what = "granted"
+			}
+			c.violate(InvBumpFences, res, fmt.Sprintf("%s with %s was %s after the epoch was bumped to %d",
+				op.Kind, tok(op), what, top.Epoch), top, op)
+		}
+	}
+}
+
+// renewClockTolerance allows for an engine that reads its clock twice in the renewal's
+// statement (PostgreSQL's clock_timestamp() in WHERE and again in SET): the expiry it returns
+// can be computed a little after the moment that judged the lease unexpired.
+const renewClockTolerance = 10 * time.Millisecond
+
+// renewClock checks invariant 6 with the engine's clock: an accepted renewal returns its new
+// expiry, engine-now + ttl, so engine-now at the renewal is that minus the ttl; it must be
+// before the lease's expiry as the previous acquisition or renewal of the lease returned it.
+// A lease with an earlier renewal of unknown outcome is skipped (its expiry is not known).
+func (c *checker) renewClock(res string, ops []*Op) {
+	type lease struct {
+		until   int64 // µs on the engine's clock; 0: unknown
+		by      *Op
+		unknown bool
+	}
+	leases := map[string]*lease{}
+	key := func(op *Op) string { return fmt.Sprint(op.Owner, "/", op.Epoch, "/", op.Gen) }
+	for _, op := range ops { // call order: one process runs one operation of a lease at a time
+		switch {
+		case op.Kind == OpAcquire && op.Out == OutOK:
+			leases[key(op)] = &lease{until: op.LeaseUntilUs, by: op}
+		case op.Kind == OpRenew:
+			l := leases[key(op)]
+			if l == nil {
+				continue
+			}
+			if op.Out != OutOK {
+				l.unknown = l.unknown || op.Unknown()
+				continue
+			}
+			if op.LeaseUntilUs == 0 || l.until == 0 || l.unknown {
+				l.until, l.by = op.LeaseUntilUs, op
+				continue
+			}
+			c.res[InvRenewClock].Checked++
+			now := op.LeaseUntilUs - op.TTLMs*1000
+			if now >= l.until+renewClockTolerance.Microseconds() {
+				c.violate(InvRenewClock, res, fmt.Sprintf(
+					"renew of %s was accepted at %s on the database's clock, %s after the lease expired there (%s)",
+					tok(op), usTime(now), time.Duration(now-l.until)*time.Microsecond, usTime(l.until)), l.by, op)
+			}
+			l.until, l.by = op.LeaseUntilUs, op
+		}
+	}
+}
+
+func usTime(us int64) string { return time.UnixMicro(us).UTC().Format("15:04:05.000000") }
+
+// clockResolution is how coarse an engine's clock reading may be (SQLite's unixepoch('subsec')
+// has milliseconds) plus the two clocks' drift within an era.
+const clockResolution = int64(6 * time.Millisecond)
+
+// clockEra is a stretch of the history over which the engine's clock runs at a constant
+// offset from the history's: offset (ns, engine minus history) is known to be in [lo, hi].
+type clockEra struct {
+	from, to int64
+	lo, hi   int64
+	samples  int
+}
+
+// clockMap finds the offset between the engine's clock and the history's in each era: a reply
+// that carries engine-now e, from a request called at c and answered at r, shows the offset in
+// [e-r, e-c] (widened by clockResolution); the era's offset is the intersection. Eras end at
+// clock jumps (operations near one are not used) and every 10 s, so that the rates of the two
+// clocks may differ a little (NTP slewing, at most 0.5 ms/s) without mattering.
+func (c *checker) clockMap() []clockEra {
+	const eraLen = int64(10 * time.Second)
+	const margin = int64(500 * time.Millisecond)
+	var jumps []int64
+	for _, e := range c.h.Events {
+		if e.Event == FaultClock || e.Event == FaultRestart {
+			jumps = append(jumps, e.Time)
+		}
+	}
+	var eras []clockEra
+	from := c.h.Start
+	cut := func(to int64) {
+		for a := from; a < to; a += eraLen {
+			eras = append(eras, clockEra{from: a, to: min(a+eraLen, to), lo: math.MinInt64, hi: math.MaxInt64})
+		}
+		from = to
+	}
+	for _, j := range jumps {
+		cut(j)
+	}
+	cut(c.h.End)
+	nearJump := func(a, b int64) bool {
+		for _, j := range jumps {
+			if a < j+margin && b > j-margin {
+				return true
+			}
+		}
+		return false
+	}
+	for _, op := range c.h.Ops {
+		if op.Out != OutOK || op.Unknown() {
+			continue
+		}
+		var e int64
+		switch {
+		case op.Kind == OpShow && op.NowUs != 0:
+			e = op.NowUs * 1000
+		case (op.Kind == OpAcquire || op.Kind == OpRenew) && op.LeaseUntilUs != 0:
+			e = (op.LeaseUntilUs - op.TTLMs*1000) * 1000
+		default:
+			continue
+		}
+		if nearJump(op.Call, op.Return) {
+			continue
+		}
+		i := sort.Search(len(eras), func(i int) bool { return eras[i].to > op.Call })
+		if i == len(eras) || op.Return > eras[i].to {
+			continue // straddles two eras
+		}
+		eras[i].lo, eras[i].hi = max(eras[i].lo, e-op.Return-clockResolution), min(eras[i].hi, e-op.Call+clockResolution)
+		eras[i].samples++
+	}
+	return eras
+}
+
+// liveness checks invariant 14 where the history can: an acquisition answered busy names the
+// holder's expiry on the engine's clock; if the engine's clock had passed it by more than
+// LivenessBound when the request was called (the earliest moment the engine could decide),
+// the resource was free and the answer was wrong.
+func (c *checker) liveness() {
+	eras := c.clockMap()
+	inconsistent := 0
+	for _, op := range c.h.Ops {
+		if op.Kind != OpAcquire || op.Out != OutBusy || op.LeaseUntilUs == 0 {
+			continue
+		}
+		i := sort.Search(len(eras), func(i int) bool { return eras[i].to > op.Call })
+		if i == len(eras) || op.Return > eras[i].to || eras[i].samples == 0 {
+			continue
+		}
+		era := eras[i]
+		if era.lo > era.hi {
+			inconsistent++
+			continue
+		}
+		c.res[InvLiveness].Checked++
+		earliest := op.Call + era.lo // engine time, ns
+		until := op.LeaseUntilUs * 1000
+		if earliest > until+int64(LivenessBound) {
+			c.violate(InvLiveness, op.Resource, fmt.Sprintf(
+				"acquire was answered busy by a lease that expired at %s on the database's clock, at least %s before the request reached it (bound %s)",
+				usTime(op.LeaseUntilUs), time.Duration(earliest-until).Round(time.Millisecond), LivenessBound), op)
+		}
+	}
+	if inconsistent > 0 {
+		c.res[InvLiveness].Note = addNote(c.res[InvLiveness].Note, fmt.Sprintf(
+			"%d busy answers not checked: the clock samples of their stretch disagree", inconsistent))
 	}
 }
 
@@ -352,11 +573,11 @@ func (c *checker) maybeMade(ops []*Op, op *Op) bool {
 	return false
 }
 
-// publications checks invariant 4 on one resource: one accepted publication per generation,
-// and a published generation that never decreases in real time, as seen by publications and
-// reads.
+// publications checks invariant 4 on one resource: one accepted publication per token, and a
+// published generation that never decreases in real time, as seen by publications and reads,
+// except across a restore (a legitimate rollback: facts from before it are set aside).
 func (c *checker) publications(res string, ops []*Op) {
-	byGen := map[int64]*Op{}
+	byTok := map[token]*Op{}
 	type known struct {
 		at  int64
 		pub int64
@@ -367,10 +588,10 @@ func (c *checker) publications(res string, ops []*Op) {
 		switch {
 		case (op.Kind == OpPublish || op.Kind == OpPublishRelease) && op.Out == OutOK:
 			c.res[InvOnePublication].Checked++
-			if prev := byGen[op.Gen]; prev != nil {
-				c.violate(InvOnePublication, res, fmt.Sprintf("generation %d published twice", op.Gen), prev, op)
+			if prev := byTok[tok(op)]; prev != nil {
+				c.violate(InvOnePublication, res, fmt.Sprintf("%s published twice", tok(op)), prev, op)
 			} else {
-				byGen[op.Gen] = op
+				byTok[tok(op)] = op
 			}
 			facts = append(facts, known{op.Return, op.Gen, op})
 		case op.Read() && op.Out == OutOK:
@@ -380,9 +601,20 @@ func (c *checker) publications(res string, ops []*Op) {
 	sort.Slice(facts, func(i, j int) bool { return facts[i].at < facts[j].at })
 	var top *known
 	k := 0
+	var cut int64 = math.MinInt64 // facts up to here are from before a restore, which may roll them back
 	for _, op := range ops {
+		for _, r := range c.restores[res] {
+			if r.Call < op.Call && r.Return > cut {
+				cut, top = r.Return, nil
+				for j := range facts[:k] {
+					if facts[j].at > cut && (top == nil || facts[j].pub > top.pub) {
+						top = &facts[j]
+					}
+				}
+			}
+		}
 		for ; k < len(facts) && facts[k].at < op.Call; k++ {
-			if top == nil || facts[k].pub > top.pub {
+			if facts[k].at > cut && (top == nil || facts[k].pub > top.pub) {
 				top = &facts[k]
 			}
 		}
@@ -485,7 +717,7 @@ func (c *checker) readers() {
 		}
 		c.res[InvReadsMonotonic].Checked++
 		k := key{op.Proc, op.Resource}
-		if prev := last[k]; prev != nil {
+		if prev := last[k]; prev != nil && !c.restoresBetween(op.Resource, prev.Call, op.Call) {
 			if op.ReadPub < prev.ReadPub || (op.Kind == OpShow && prev.Kind == OpShow && op.ReadGen < prev.ReadGen) {
 				c.violate(InvReadsMonotonic, op.Resource, fmt.Sprintf("%s read an older state than it had read before", op.Proc), prev, op)
 			}

@@ -109,7 +109,7 @@ func TestStalePublishFlagged(t *testing.T) {
 	r := h.check(t)
 	wantViolated(t, r, InvFence, InvLinearizable)
 	for _, v := range r.Violations {
-		if v.Invariant == InvFence && (len(v.Involved) != 2 || !strings.Contains(v.Message, "generation 1 was accepted after generation 2")) {
+		if v.Invariant == InvFence && (len(v.Involved) != 2 || !strings.Contains(v.Message, "epoch 0 generation 1 was accepted after epoch 0 generation 2")) {
 			t.Errorf("fence violation: %+v", v)
 		}
 	}

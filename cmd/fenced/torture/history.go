@@ -24,6 +24,12 @@ const (
 	OpRelease        = "release"
 	OpShow           = "show"
 	OpGet            = "get"
+	// The nemesis's operations, one per resource, so that the model sees them: a copy taken
+	// (it must match a state the resource was in), the copy restored (a legitimate rollback to
+	// that state) and the epoch bumped (every lease freed, a larger epoch).
+	OpSnapshot = "snapshot"
+	OpRestore  = "restore"
+	OpBump     = "bump"
 )
 
 // Outcomes, as recorded. Anything that is not a definite answer is OutUnknown.
@@ -78,6 +84,13 @@ type Record struct {
 	// moment that read returned.
 	Until  int64  `json:"until,omitempty"`
 	Detail string `json:"detail,omitempty"`
+
+	// The engine's clock, in microseconds since 1970, as the reply carried it: the lease's
+	// expiry (acquire, renew; for busy, the holder's), the engine's now (show).
+	LeaseUntilUs int64 `json:"lease_until_us,omitempty"`
+	NowUs        int64 `json:"now_us,omitempty"`
+	// StoreEpoch is the store's epoch: read by show, or held by a snapshot (return).
+	StoreEpoch int64 `json:"store_epoch,omitempty"`
 }
 
 // Now is CLOCK_MONOTONIC in nanoseconds: the system-wide monotonic clock, comparable between
@@ -94,10 +107,21 @@ func Now() int64 {
 // file, with no buffering in this process, so that a record written before a request was sent
 // survives the process being killed while it waits. It is safe for concurrent use.
 type Recorder struct {
-	mu   sync.Mutex
-	f    *os.File
-	proc string
-	next int64
+	mu      sync.Mutex
+	f       *os.File
+	proc    string
+	next    int64
+	noClock bool
+}
+
+// WithoutEngineClock makes the recorder leave the engine's clock out of every record: for an
+// engine whose replies carry no clock of its own (etcd: a lease's expiry there is the client's
+// clock plus the etcd lease's TTL in whole seconds), so that the clock checks are not fed
+// times that mean something else.
+func (w *Recorder) WithoutEngineClock() {
+	w.mu.Lock()
+	w.noClock = true
+	w.mu.Unlock()
 }
 
 // NewRecorder creates (or appends to) the history file at path for process proc.
@@ -119,6 +143,9 @@ func (w *Recorder) Write(r Record) error {
 	}
 	if r.Time == 0 {
 		r.Time = Now()
+	}
+	if w.noClock {
+		r.LeaseUntilUs, r.NowUs = 0, 0
 	}
 	line, err := json.Marshal(r)
 	if err != nil {
@@ -174,6 +201,11 @@ type Op struct {
 	ReadPub      int64
 	PayloadBytes int64
 	Note         string // a dropped reply's true result, for the report only
+	// The engine's clock (µs since 1970) from the reply, 0 when it carried none: the lease's
+	// expiry (acquire, renew; busy: the holder's; show: the row's), the engine's now (show).
+	LeaseUntilUs int64
+	NowUs        int64
+	StoreEpoch   int64 // show: the store's epoch; snapshot, restore: the copy's
 }
 
 // Unknown reports whether the operation may or may not have taken effect.
@@ -264,7 +296,8 @@ func Build(recs []Record, truncated int) *History {
 		switch r.Kind {
 		case KindCall:
 			op := &Op{Proc: r.Proc, ID: r.ID, Kind: r.Op, Resource: r.Resource, Owner: r.Owner, Epoch: r.Epoch, Gen: r.Gen,
-				TTLMs: r.TTLMs, Payload: r.Payload, Call: r.Time, Out: OutUnknown}
+				TTLMs: r.TTLMs, Payload: r.Payload, Call: r.Time, Out: OutUnknown, StoreEpoch: r.StoreEpoch,
+				ReadOwner: r.ReadOwner, ReadPub: r.ReadPub}
 			calls[key{r.Proc, r.ID}] = op
 			h.Ops = append(h.Ops, op)
 		case KindEvent:
@@ -279,14 +312,20 @@ func Build(recs []Record, truncated int) *History {
 		switch r.Kind {
 		case KindReturn:
 			op.Return, op.Out, op.Err = r.Time, r.Out, r.Err
+			op.LeaseUntilUs, op.NowUs = r.LeaseUntilUs, r.NowUs
 			if r.Out == "" || r.Out == OutUnknown {
 				op.Out = OutUnknown
 			}
 			switch op.Kind {
 			case OpAcquire:
 				op.Epoch, op.Gen = r.Epoch, r.Gen
+			case OpBump:
+				op.Epoch = r.Epoch
+			case OpSnapshot:
+				op.ReadGen, op.ReadOwner, op.ReadPub, op.Payload, op.StoreEpoch = r.Gen, r.ReadOwner, r.ReadPub, r.Payload, r.StoreEpoch
 			case OpShow:
 				op.ReadGen, op.ReadOwner, op.ReadPub, op.PayloadBytes = r.Gen, r.ReadOwner, r.ReadPub, r.PayloadBytes
+				op.StoreEpoch = r.StoreEpoch
 			case OpGet:
 				op.ReadPub, op.Payload = r.ReadPub, r.Payload
 			}
@@ -337,7 +376,7 @@ func (h *History) Describe(op *Op) string {
 	case OpAcquire:
 		fmt.Fprintf(&b, " owner=%s ttl=%dms → %s", short(op.Owner), op.TTLMs, op.Out)
 		if op.Out == OutOK {
-			fmt.Fprintf(&b, " generation %d", op.Gen)
+			fmt.Fprintf(&b, " epoch %d generation %d", op.Epoch, op.Gen)
 		}
 	case OpShow:
 		fmt.Fprintf(&b, " → %s", op.Out)
@@ -349,8 +388,20 @@ func (h *History) Describe(op *Op) string {
 		if op.Out == OutOK {
 			fmt.Fprintf(&b, " published %d payload %s", op.ReadPub, op.Payload)
 		}
+	case OpSnapshot:
+		fmt.Fprintf(&b, " → %s", op.Out)
+		if op.Out == OutOK {
+			fmt.Fprintf(&b, " copy holds epoch %d generation %d owner %s published %d", op.StoreEpoch, op.ReadGen, shortOr(op.ReadOwner), op.ReadPub)
+		}
+	case OpRestore:
+		fmt.Fprintf(&b, " back to epoch %d generation %d owner %s published %d → %s", op.StoreEpoch, op.Gen, shortOr(op.Owner), op.ReadPub, op.Out)
+	case OpBump:
+		fmt.Fprintf(&b, " → %s", op.Out)
+		if op.Out == OutOK {
+			fmt.Fprintf(&b, " epoch %d", op.Epoch)
+		}
 	default:
-		fmt.Fprintf(&b, " owner=%s generation %d", short(op.Owner), op.Gen)
+		fmt.Fprintf(&b, " owner=%s epoch %d generation %d", short(op.Owner), op.Epoch, op.Gen)
 		if op.Payload != "" {
 			fmt.Fprintf(&b, " payload %s", op.Payload)
 		}

@@ -8,8 +8,10 @@ import (
 )
 
 // state is one resource's row as far as the checker can know it. Expiry is not in it: the
-// checker cannot see the database's clock, so a held lease may have expired at any moment.
+// model does not follow the database's clock, so a held lease may have expired at any moment
+// (the clock checks in check.go use the engine times the replies carry).
 type state struct {
+	Epoch   int64 // the store's epoch: the least epoch an acquisition may be granted
 	Gen     int64
 	Owner   string // "" when released (an expired lease keeps its owner in the row)
 	Pub     int64  // published generation
@@ -22,10 +24,13 @@ type input struct {
 	Owner   string
 	Gen     int64
 	Payload string
+	Epoch   int64 // restore: the copy's store epoch
+	Pub     int64 // restore: the copy's published generation
 }
 
 type output struct {
 	Out          string
+	Epoch        int64 // acquire: granted; bump: the new epoch
 	Gen          int64 // acquire: granted; show: read
 	Owner        string
 	Pub          int64
@@ -45,7 +50,7 @@ func model(init state) porcupine.Model {
 		Hash: func(st any) uint64 {
 			s := st.(state)
 			h := fnv.New64a()
-			fmt.Fprintf(h, "%d|%s|%d|%s", s.Gen, s.Owner, s.Pub, s.Payload)
+			fmt.Fprintf(h, "%d|%d|%s|%d|%s", s.Epoch, s.Gen, s.Owner, s.Pub, s.Payload)
 			return h.Sum64()
 		},
 		DescribeOperation: func(in, out any) string {
@@ -54,7 +59,7 @@ func model(init state) porcupine.Model {
 		},
 		DescribeState: func(st any) string {
 			s := st.(state)
-			return fmt.Sprintf("generation %d owner %s published %d", s.Gen, shortOr(s.Owner), s.Pub)
+			return fmt.Sprintf("epoch %d generation %d owner %s published %d", s.Epoch, s.Gen, shortOr(s.Owner), s.Pub)
 		},
 	}
 	return nm.ToModel()
@@ -89,11 +94,14 @@ func step(st state, in input, out output) []any {
 	switch in.Kind {
 	case OpAcquire:
 		// A held lease may have expired at any moment, so an acquisition may succeed whatever
-		// the owner; it must then take exactly the next generation, for a new owner.
-		next := state{Gen: st.Gen + 1, Owner: in.Owner, Pub: st.Pub, Payload: st.Payload}
+		// the owner; it must then take exactly the next generation, for a new owner, with at
+		// least the store's epoch (larger when the engine bumped it by itself: Redis after a
+		// restart with a new run id).
+		next := state{Epoch: st.Epoch, Gen: st.Gen + 1, Owner: in.Owner, Pub: st.Pub, Payload: st.Payload}
 		switch out.Out {
 		case OutOK:
-			if out.Gen == st.Gen+1 && in.Owner != st.Owner {
+			if out.Gen == st.Gen+1 && in.Owner != st.Owner && out.Epoch >= st.Epoch {
+				next.Epoch = out.Epoch
 				return []any{next}
 			}
 			return nil
@@ -105,7 +113,7 @@ func step(st state, in input, out output) []any {
 		return nil
 	case OpPublish, OpPublishRelease:
 		current := st.Owner == in.Owner && st.Gen == in.Gen && in.Gen > st.Pub
-		next := state{Gen: st.Gen, Owner: st.Owner, Pub: in.Gen, Payload: in.Payload}
+		next := state{Epoch: st.Epoch, Gen: st.Gen, Owner: st.Owner, Pub: in.Gen, Payload: in.Payload}
 		if in.Kind == OpPublishRelease {
 			next.Owner = ""
 		}
@@ -139,7 +147,7 @@ func step(st state, in input, out output) []any {
 		// Release does not look at expiry: it is refused exactly when the lease is not the
 		// row's (owner, generation).
 		current := st.Owner == in.Owner && st.Gen == in.Gen
-		next := state{Gen: st.Gen, Pub: st.Pub, Payload: st.Payload}
+		next := state{Epoch: st.Epoch, Gen: st.Gen, Pub: st.Pub, Payload: st.Payload}
 		switch out.Out {
 		case OutOK:
 			if current {
@@ -170,6 +178,42 @@ func step(st state, in input, out output) []any {
 			return nil
 		case OutUnknown:
 			return unchanged
+		}
+		return nil
+	case OpSnapshot:
+		// The copy must hold a state the resource was in while the copy was taken.
+		switch out.Out {
+		case OutOK:
+			if out.Gen == st.Gen && out.Owner == st.Owner && out.Pub == st.Pub && out.Payload == st.Payload {
+				return unchanged
+			}
+			return nil
+		case OutUnknown:
+			return unchanged
+		}
+		return nil
+	case OpRestore:
+		// A restore is a legitimate rollback: the resource is whatever the copy held, its
+		// store epoch included.
+		restored := state{Epoch: in.Epoch, Gen: in.Gen, Owner: in.Owner, Pub: in.Pub, Payload: in.Payload}
+		switch out.Out {
+		case OutOK:
+			return []any{restored}
+		case OutUnknown:
+			return []any{st, restored}
+		}
+		return nil
+	case OpBump:
+		// Every lease freed, the epoch raised; generations go on counting.
+		bumped := state{Epoch: max(st.Epoch, out.Epoch), Gen: st.Gen, Pub: st.Pub, Payload: st.Payload}
+		switch out.Out {
+		case OutOK:
+			if out.Epoch > st.Epoch {
+				return []any{bumped}
+			}
+			return nil
+		case OutUnknown:
+			return []any{st, bumped}
 		}
 		return nil
 	case OpGet:
@@ -205,7 +249,14 @@ func porcupineOps(h *History, ops []*Op) []porcupine.Operation {
 		switch op.Kind {
 		case OpAcquire:
 			in.Gen = 0
-			o.Gen = op.Gen
+			o.Epoch, o.Gen = op.Epoch, op.Gen
+		case OpBump:
+			in.Gen, o.Epoch = 0, op.Epoch
+		case OpRestore:
+			in.Epoch, in.Pub = op.StoreEpoch, op.ReadPub
+		case OpSnapshot:
+			o.Gen, o.Owner, o.Pub, o.Payload = op.ReadGen, op.ReadOwner, op.ReadPub, op.Payload
+			in.Payload = ""
 		case OpShow:
 			o.Gen, o.Owner, o.Pub, o.PayloadBytes = op.ReadGen, op.ReadOwner, op.ReadPub, op.PayloadBytes
 		case OpGet:

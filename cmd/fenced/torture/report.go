@@ -37,7 +37,7 @@ func (r *Report) FaultCounts() map[string]int {
 	n := map[string]int{}
 	for _, e := range r.History.Events {
 		switch e.Event {
-		case FaultPause, FaultKill, FaultRestart, FaultClock:
+		case FaultPause, FaultKill, FaultRestart, FaultClock, FaultBump, FaultRestore, FaultPartition:
 			n[e.Event]++
 		case FaultRowLock:
 			if e.Owner != "" { // held across a lease's expiry
@@ -329,12 +329,25 @@ func (r *Report) timeline(b *strings.Builder, resource string, involved map[int]
 	for _, p := range procs {
 		fmt.Fprintf(b, `<text x="4" y="%.0f">%s</text>`+"\n", y(lanes[p])+15, esc(p))
 	}
-	// Faults: restarts and clock jumps span every lane; pauses and kills sit on their worker's.
+	// Faults: restarts, clock jumps, copies, restores and bumps span every lane; pauses and kills sit on their worker's.
 	for _, e := range h.Events {
 		switch e.Event {
 		case FaultRestart:
 			fmt.Fprintf(b, `<rect x="%.1f" y="%.0f" width="%.1f" height="%.0f" fill="rgba(240,200,0,.35)"><title>database restart %s</title></rect>`+"\n",
 				x(e.Time), top, max(x(e.EndTime)-x(e.Time), 2), height-top, esc(e.Detail))
+		case FaultRestore, "copy", FaultBump, FaultPartition:
+			label, colour := "restore", "#8a2be2"
+			switch e.Event {
+			case FaultPartition:
+				label, colour = "partition", "#555"
+			case "copy":
+				label, colour = "copy", "#2e8b57"
+			case FaultBump:
+				label, colour = fmt.Sprintf("bump → %d", e.Epoch), "#c60"
+			}
+			fmt.Fprintf(b, `<rect x="%.1f" y="%.0f" width="%.1f" height="%.0f" fill="%s" fill-opacity=".25"><title>%s %.3fs → %.3fs: %s</title></rect><text x="%.1f" y="%.0f" fill="%s">%s</text>`+"\n",
+				x(e.Time), top, max(x(e.EndTime)-x(e.Time), 2), height-top, colour, label, h.Seconds(e.Time), h.Seconds(e.EndTime), esc(e.Detail),
+				x(e.Time)+2, height-2, colour, esc(label))
 		case FaultClock:
 			fmt.Fprintf(b, `<line x1="%.1f" x2="%.1f" y1="%.0f" y2="%.0f" stroke="#06c" stroke-dasharray="4 3"><title>database clock offset now %+dms</title></line><text x="%.1f" y="%.0f" fill="#06c">clock %+dms</text>`+"\n",
 				x(e.Time), x(e.Time), top, height, e.OffsetMs, x(e.Time)+2, height-2, e.OffsetMs)

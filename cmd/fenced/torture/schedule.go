@@ -18,10 +18,19 @@ const (
 	// FaultRowLock holds a leased resource's row lock until after the lease has expired, so
 	// that a renewal or a publication of that lease waits on it across the expiry.
 	FaultRowLock = "rowlock"
+	// FaultBump runs the epoch bump (fenced epoch bump) while the workers run.
+	FaultBump = "bump"
+	// FaultRestore copies the store (the torture's resources and the epoch) with the workers
+	// held at a barrier, lets the run go on, then restores the copy and bumps the epoch, again at
+	// the barrier, as an operator restoring a backup with the application stopped would.
+	FaultRestore = "restore"
+	// FaultPartition cuts the network between the workers and the database server: the host
+	// side of a veth pair to the server's network namespace is set down, then up again.
+	FaultPartition = "partition"
 )
 
 // AllFaults is every fault kind, in the order the help lists them.
-var AllFaults = []string{FaultPause, FaultKill, FaultDropReply, FaultRestart, FaultClock, FaultRowLock}
+var AllFaults = []string{FaultPause, FaultKill, FaultDropReply, FaultRestart, FaultClock, FaultRowLock, FaultBump, FaultRestore, FaultPartition}
 
 // The workers' part of the schedule.
 const (
@@ -30,8 +39,11 @@ const (
 	DropReply = 0.03 // probability per operation, when drop-reply is on
 )
 
-// ParseFaults reads a comma-separated list of fault kinds.
+// ParseFaults reads a comma-separated list of fault kinds; "none" alone is the empty list.
 func ParseFaults(list string) ([]string, error) {
+	if strings.TrimSpace(list) == "none" {
+		return nil, nil
+	}
 	var out []string
 	for _, f := range strings.Split(list, ",") {
 		f = strings.TrimSpace(f)
@@ -45,6 +57,9 @@ func ParseFaults(list string) ([]string, error) {
 			out = append(out, f)
 		}
 	}
+	if len(out) == 0 {
+		return nil, fmt.Errorf("%q names no fault; use %s, or none", list, strings.Join(AllFaults, ", "))
+	}
 	return out, nil
 }
 
@@ -56,6 +71,7 @@ type Fault struct {
 	For      time.Duration // how long a pause lasts
 	OffsetMs int64         // clock: the database clock's offset from now on
 	Rollback bool          // rowlock: update the row and roll back, rather than only lock it
+	After    time.Duration // restore: how long after the copy it is restored
 }
 
 func (f Fault) String() string {
@@ -72,6 +88,12 @@ func (f Fault) String() string {
 			how = "update (rolled back)"
 		}
 		return fmt.Sprintf("%6.2fs %s the row of resource slot %d across its lease's expiry", f.At.Seconds(), how, f.Slot)
+	case FaultRestore:
+		return fmt.Sprintf("%6.2fs copy the store, restore it %s later", f.At.Seconds(), f.After)
+	case FaultBump:
+		return fmt.Sprintf("%6.2fs bump the epoch", f.At.Seconds())
+	case FaultPartition:
+		return fmt.Sprintf("%6.2fs cut the network to the server for %s", f.At.Seconds(), f.For)
 	}
 	return fmt.Sprintf("%6.2fs %s", f.At.Seconds(), f.Kind)
 }
@@ -83,7 +105,7 @@ func (f Fault) String() string {
 func Plan(seed uint64, duration time.Duration, workers int, faults []string) []Fault {
 	rng := rand.New(rand.NewPCG(seed, 0x6e656d65736973))
 	var kinds []string
-	weights := map[string]int{FaultPause: 4, FaultKill: 3, FaultClock: 2, FaultRestart: 1, FaultRowLock: 2}
+	weights := map[string]int{FaultPause: 4, FaultKill: 3, FaultClock: 2, FaultRestart: 1, FaultRowLock: 2, FaultBump: 1, FaultRestore: 2, FaultPartition: 2}
 	for _, f := range faults {
 		for range weights[f] {
 			kinds = append(kinds, f)
@@ -124,6 +146,23 @@ func Plan(seed uint64, duration time.Duration, workers int, faults []string) []F
 			// Up to 2s waiting for a live lease, then held past its expiry (at most TTLMax).
 			f.Rollback = rng.Float64() < 0.5
 			busy = 2*time.Second + TTLMax
+		case FaultBump:
+			busy = 200 * time.Millisecond
+		case FaultPartition:
+			// Longer than the longest TTL: leases expire on the server while their holders
+			// cannot reach it.
+			f.For = TTLMax + 200*time.Millisecond + time.Duration(rng.Int64N(int64(2*time.Second)))
+			busy = f.For
+		case FaultRestore:
+			// The copy, then the workers go on for a few seconds (several generations per
+			// resource) before it is restored; nothing else runs meanwhile, so that the
+			// restore is what rolls the store back.
+			f.After = 2*time.Second + time.Duration(rng.Int64N(int64(2*time.Second)))
+			if at+f.After > duration-time.Second {
+				at += time.Second
+				continue
+			}
+			busy = f.After + 500*time.Millisecond
 		case FaultRestart:
 			if at-lastRestart < 8*time.Second { // restarts are heavy: at most one per 8s
 				at += time.Second

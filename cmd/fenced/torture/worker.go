@@ -32,6 +32,10 @@ type WorkerConfig struct {
 	// Phase receives "build" before the worker's build pause and "call OP" just after each
 	// CALL record is written, so that the nemesis can aim a pause or a kill.
 	Phase io.Writer
+	// Barrier, when set, is held shared by each request from its CALL to its RETURN.
+	Barrier *Barrier
+	// RenewAlways renews every lease halfway through its build (a mutant test's schedule).
+	RenewAlways bool
 }
 
 // errDroppedReply is what the drop-reply fault returns in place of the reply it discarded.
@@ -48,7 +52,7 @@ func RunWorker(ctx context.Context, cfg WorkerConfig, drv driver.Driver, rec *Re
 	if cfg.DropReply > 0 {
 		inner = &dropper{Driver: drv, rng: rand.New(rand.NewPCG(cfg.Seed, 0x64726f70)), p: cfg.DropReply, rec: rec}
 	}
-	rd := &recording{Driver: inner, rec: rec, naive: cfg.Naive, phase: cfg.Phase}
+	rd := &recording{Driver: inner, rec: rec, naive: cfg.Naive, phase: cfg.Phase, barrier: cfg.Barrier}
 	store, err := fenced.New(ctx, rd, &fenced.Config{SkipMigrate: true, Logger: slog.New(slog.DiscardHandler)})
 	if err != nil {
 		return err
@@ -80,7 +84,7 @@ func RunWorker(ctx context.Context, cfg WorkerConfig, drv driver.Driver, rec *Re
 		if rng.Float64() < 0.1 {
 			build = time.Duration(float64(ttl) * (1.1 + 0.5*rng.Float64()))
 		}
-		renew := rng.Float64() < 0.2
+		renew := rng.Float64() < 0.2 || cfg.RenewAlways
 		together := cfg.Naive == nil && rng.Float64() < 0.5
 		if cfg.Phase != nil {
 			_, _ = io.WriteString(cfg.Phase, "build\n")
@@ -117,17 +121,34 @@ func sleep(ctx context.Context, d time.Duration) {
 // safe for concurrent use: a worker runs one operation at a time.
 type recording struct {
 	driver.Driver
-	rec   *Recorder
-	naive NaiveWrite
-	phase io.Writer
+	rec     *Recorder
+	naive   NaiveWrite
+	phase   io.Writer
+	barrier *Barrier
 }
 
+// call waits at the barrier, if any, and records the CALL; on error nothing is held.
 func (d *recording) call(r Record) (int64, error) {
+	if d.barrier != nil {
+		if err := d.barrier.Enter(); err != nil {
+			return 0, err
+		}
+	}
 	id, err := d.rec.Call(r)
-	if err == nil && d.phase != nil {
+	if err != nil {
+		d.leave()
+		return 0, err
+	}
+	if d.phase != nil {
 		_, _ = io.WriteString(d.phase, "call "+r.Op+"\n")
 	}
-	return id, err
+	return id, nil
+}
+
+func (d *recording) leave() {
+	if d.barrier != nil {
+		d.barrier.Leave()
+	}
 }
 
 // ret records the reply and passes err on. An error is an unknown outcome unless r already
@@ -140,7 +161,9 @@ func (d *recording) ret(id int64, r Record, err error) error {
 	case err != nil && r.Out == "":
 		r.Out, r.Err = OutUnknown, err.Error()
 	}
-	if werr := d.rec.Write(r); werr != nil && err == nil {
+	werr := d.rec.Write(r)
+	d.leave()
+	if werr != nil && err == nil {
 		return werr
 	}
 	return err
@@ -162,13 +185,13 @@ func (d *recording) Acquire(ctx context.Context, resource, owner string, ttl tim
 	var busy *driver.BusyError
 	switch {
 	case errors.As(err, &busy):
-		return g, d.ret(id, Record{Out: OutBusy, Gen: busy.Generation}, err)
+		return g, d.ret(id, Record{Out: OutBusy, Gen: busy.Generation, LeaseUntilUs: micros(busy.LeaseUntil)}, err)
 	case errors.Is(err, driver.ErrNotFound):
 		return g, d.ret(id, Record{Out: OutNotFound}, err)
 	case err != nil:
 		return g, d.ret(id, Record{}, err)
 	}
-	return g, d.ret(id, Record{Out: OutOK, Epoch: g.Epoch, Gen: g.Generation}, nil)
+	return g, d.ret(id, Record{Out: OutOK, Epoch: g.Epoch, Gen: g.Generation, LeaseUntilUs: micros(g.LeaseUntil)}, nil)
 }
 
 func (d *recording) lease(op string, l driver.LeaseRef, payload []byte) (int64, error) {
@@ -181,7 +204,11 @@ func (d *recording) Renew(ctx context.Context, l driver.LeaseRef, ttl time.Durat
 		return time.Time{}, false, err
 	}
 	until, ok, err := d.Driver.Renew(ctx, l, ttl)
-	return until, ok, d.ret(id, Record{Out: outcome(ok, err)}, err)
+	r := Record{Out: outcome(ok, err)}
+	if ok && err == nil {
+		r.LeaseUntilUs = micros(until)
+	}
+	return until, ok, d.ret(id, r, err)
 }
 
 func (d *recording) Publish(ctx context.Context, l driver.LeaseRef, pub driver.Publication) (bool, error) {
@@ -222,7 +249,8 @@ func (d *recording) Read(ctx context.Context, resource string) (driver.State, er
 		return driver.State{}, err
 	}
 	st, err := d.Driver.Read(ctx, resource)
-	r := Record{Out: OutOK, Gen: st.Generation, ReadOwner: st.Owner, ReadPub: st.PublishedGeneration, PayloadBytes: st.PayloadSize}
+	r := Record{Out: OutOK, Gen: st.Generation, ReadOwner: st.Owner, ReadPub: st.PublishedGeneration, PayloadBytes: st.PayloadSize,
+		LeaseUntilUs: micros(st.LeaseUntil), NowUs: micros(st.Now), StoreEpoch: st.CurrentEpoch}
 	switch {
 	case errors.Is(err, driver.ErrNotFound):
 		r = Record{Out: OutNotFound}
@@ -248,6 +276,14 @@ func (d *recording) ReadPayload(ctx context.Context, resource string) ([]byte, i
 		r = Record{Out: OutNotFound}
 	}
 	return payload, gen, d.ret(id, r, err)
+}
+
+// micros is an engine time as recorded: microseconds since 1970, 0 for none.
+func micros(t time.Time) int64 {
+	if t.IsZero() {
+		return 0
+	}
+	return t.UnixMicro()
 }
 
 // outcome is a lease operation's recorded outcome; an error leaves it to ret (unknown).
@@ -333,9 +369,9 @@ func describe(ok bool, err error, detail string) string {
 // RunReader reads the resources (show and get, alternately, on a seeded choice) every interval
 // until ctx is done, recording each read: a reader that is not a worker, so that reads are
 // spread over the whole run.
-func RunReader(ctx context.Context, drv driver.Driver, rec *Recorder, resources []string, seed uint64, interval time.Duration) {
+func RunReader(ctx context.Context, drv driver.Driver, rec *Recorder, barrier *Barrier, resources []string, seed uint64, interval time.Duration) {
 	rng := rand.New(rand.NewPCG(seed, 0x726561646572))
-	rd := &recording{Driver: drv, rec: rec}
+	rd := &recording{Driver: drv, rec: rec, barrier: barrier}
 	for ctx.Err() == nil {
 		res := resources[rng.IntN(len(resources))]
 		if rng.IntN(2) == 0 {

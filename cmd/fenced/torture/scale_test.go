@@ -1,0 +1,200 @@
+package torture
+
+import (
+	"fmt"
+	"math/rand/v2"
+	"os"
+	"strconv"
+	"testing"
+	"time"
+)
+
+// synthetic writes a history of n operations of a correct store, simulated here: procs
+// processes on resources resources, one operation's effect every 100 µs (its call up to 40 µs
+// before, its return up to 40 µs after, so that operations overlap in time but not within a
+// process), leases of 5-20 ms on an engine clock that is the simulation's, and one operation
+// in 200 left without a reply (its effect applied or not, at random); an epoch bump halfway. It is
+// the input of the
+// checker's scaling measurement.
+func synthetic(n, procs, resources int, seed uint64) []Record {
+	rng := rand.New(rand.NewPCG(seed, 1))
+	type row struct {
+		gen, until, pub int64
+		owner, payload  string
+	}
+	type lease struct {
+		res        string
+		owner      string
+		gen, ttlMs int64
+	}
+	const clock = int64(1_700_000_000_000_000) // the engine's clock at the history's start, µs
+	epoch := clock
+	rows := map[string]*row{}
+	names := make([]string, resources)
+	for i := range names {
+		names[i] = fmt.Sprintf("res %d ü", i)
+		rows[names[i]] = &row{}
+	}
+	held := make([]*lease, procs)
+	ids := make([]int64, procs)
+	owners := 0
+	recs := make([]Record, 0, 2*n)
+	var nemID int64
+	for i := range n {
+		if i == n/2 { // an epoch bump, between two operations' effects, on every resource
+			epoch += 1_000_000
+			at := int64(i)*100_000 - 50_000
+			for _, res := range names {
+				nemID++
+				rows[res].owner = ""
+				recs = append(recs, Record{Kind: KindCall, Proc: "nemesis", ID: nemID, Time: at - 5_000, Op: OpBump, Resource: res},
+					Record{Kind: KindReturn, Proc: "nemesis", ID: nemID, Time: at + 5_000, Out: OutOK, Epoch: epoch})
+			}
+		}
+		p := i % procs
+		proc := fmt.Sprintf("w%d", p)
+		point := int64(i) * 100_000 // ns
+		call := point - rng.Int64N(40_000)
+		ret := point + rng.Int64N(40_000)
+		nowUs := clock + point/1000
+		ids[p]++
+		c := Record{Kind: KindCall, Proc: proc, ID: ids[p], Time: call}
+		r := Record{Kind: KindReturn, Proc: proc, ID: ids[p], Time: ret, Out: OutOK}
+		unknown := rng.IntN(200) == 0
+		apply := !unknown || rng.IntN(2) == 0
+		l := held[p]
+		switch {
+		case l == nil && rng.IntN(5) == 0: // a read
+			res := names[rng.IntN(resources)]
+			w := rows[res]
+			c.Resource = res
+			if rng.IntN(2) == 0 {
+				c.Op = OpShow
+				r.Gen, r.ReadOwner, r.ReadPub, r.PayloadBytes, r.NowUs, r.StoreEpoch = w.gen, w.owner, w.pub, int64(len(w.payload)), nowUs, epoch
+				if w.owner != "" {
+					r.LeaseUntilUs = w.until
+				}
+			} else {
+				c.Op = OpGet
+				r.ReadPub, r.Payload = w.pub, w.payload
+				if w.pub == 0 {
+					r.Out = OutNotFound
+				}
+			}
+		case l == nil: // acquire
+			res := names[rng.IntN(resources)]
+			w := rows[res]
+			owners++
+			owner := fmt.Sprintf("o%d", owners)
+			ttl := 5 + rng.Int64N(16)
+			c.Op, c.Resource, c.Owner, c.TTLMs = OpAcquire, res, owner, ttl
+			if w.owner != "" && w.until > nowUs {
+				r.Out, r.Gen, r.LeaseUntilUs = OutBusy, w.gen, w.until
+				break
+			}
+			if apply {
+				w.gen, w.owner, w.until = w.gen+1, owner, nowUs+ttl*1000
+				r.Epoch, r.Gen, r.LeaseUntilUs = epoch, w.gen, w.until
+				if !unknown {
+					held[p] = &lease{res: res, owner: owner, gen: w.gen, ttlMs: ttl}
+				}
+			}
+		default: // renew, publish, publish and release, or release the lease held
+			w := rows[l.res]
+			c.Resource, c.Owner, c.Epoch, c.Gen = l.res, l.owner, epoch, l.gen
+			current := w.owner == l.owner && w.gen == l.gen
+			live := current && w.until > nowUs
+			switch x := rng.IntN(10); {
+			case x < 2:
+				c.Op, c.TTLMs = OpRenew, l.ttlMs
+				if !live {
+					r.Out = OutRefused
+				} else if apply {
+					w.until = nowUs + l.ttlMs*1000
+					r.LeaseUntilUs = w.until
+				}
+			case x < 7:
+				c.Op, c.Payload = OpPublish, fmt.Sprintf("%s/%d", l.owner, l.gen)
+				if x >= 5 {
+					c.Op = OpPublishRelease
+				}
+				if !live || l.gen <= w.pub {
+					r.Out = OutRefused
+				} else if apply {
+					w.pub, w.payload = l.gen, c.Payload
+					if c.Op == OpPublishRelease {
+						w.owner = ""
+					}
+				}
+				if c.Op == OpPublishRelease {
+					held[p] = nil
+				}
+			default:
+				c.Op = OpRelease
+				held[p] = nil
+				if !current {
+					r.Out = OutRefused
+				} else if apply {
+					w.owner = ""
+				}
+			}
+		}
+		recs = append(recs, c)
+		if !unknown {
+			recs = append(recs, r)
+		}
+	}
+	return recs
+}
+
+// TestSyntheticHistoryChecks runs the checker on a simulated correct store: the generator and
+// the checker agree, so the scaling measurement below measures a passing check.
+func TestSyntheticHistoryChecks(t *testing.T) {
+	r := Check(Build(synthetic(10_000, 16, 8, 1), 0), nil, time.Minute)
+	for _, v := range r.Violations {
+		t.Errorf("%s: %s", v.Invariant, v.Message)
+	}
+	if len(r.Inconclusive) > 0 || r.Ops != 10_000+8 {
+		t.Errorf("ops %d, inconclusive %v", r.Ops, r.Inconclusive)
+	}
+	for _, inv := range r.Invariants {
+		if inv.Checked == 0 && inv.Name != InvNoRevival && inv.Name != InvGate { // no rowlock fault, no gate here
+			t.Errorf("%s: nothing checked", inv.Name)
+		}
+	}
+}
+
+// TestCheckerScale measures the checker on synthetic histories of growing size; it runs only
+// when FENCED_TORTURE_SCALE names the largest size (make torture sets 1000000).
+func TestCheckerScale(t *testing.T) {
+	limit, _ := strconv.Atoi(os.Getenv("FENCED_TORTURE_SCALE"))
+	if limit == 0 {
+		t.Skip("set FENCED_TORTURE_SCALE=1000000 to measure the checker on 10k..1M operations")
+	}
+	// Two series: a fixed number of resources (the operations per porcupine partition grow
+	// with the history), and a fixed number of operations per resource (the partitions' count
+	// grows instead).
+	for _, perResource := range []bool{false, true} {
+		var prev time.Duration
+		for n := 10_000; n <= limit; n *= 10 {
+			resources := 8
+			if perResource {
+				resources = n / 1250
+			}
+			h := Build(synthetic(n, 16, resources, 1), 0)
+			start := time.Now()
+			r := Check(h, nil, 10*time.Minute)
+			d := time.Since(start)
+			growth := ""
+			if prev > 0 {
+				growth = fmt.Sprintf(", ×%.1f for ×10 operations", float64(d)/float64(prev))
+			}
+			fmt.Printf("checker: %7d operations (%d unknown), %3d resources: %s, %d violations%s\n",
+				r.Ops, r.Unknown, resources, d.Round(time.Millisecond), len(r.Violations), growth)
+			if !r.OK() || len(r.Inconclusive) > 0 {
+				t.Errorf("%d operations: %d violations, inconclusive %v", n, len(r.Violations), r.Inconclusive)
+			}
+			prev = d
+		}
+	}
+}
