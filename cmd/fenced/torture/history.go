@@ -179,7 +179,8 @@ func (w *Recorder) current() int64 {
 func (w *Recorder) Close() error { return w.f.Close() }
 
 // Op is one operation of the merged history. Return is End (the end of the history) when the
-// outcome is unknown.
+// outcome is unknown and the request may still take effect (a killed worker, a driver error);
+// a reply dropped by the drop-reply fault keeps its recorded Return.
 type Op struct {
 	Index    int // position in History.Ops
 	Proc     string
@@ -335,7 +336,11 @@ func Build(recs []Record, truncated int) *History {
 	}
 	h.End = maxTime + 1
 	for _, op := range h.Ops {
-		if op.Unknown() {
+		// An unknown outcome may take effect at any moment after the call, so it returns at
+		// the end of the history; except a reply the drop-reply fault threw away: the worker's
+		// wrapper had the database's answer before its RETURN record, so the effect, whatever
+		// it was, lies within the recorded interval (its outcome stays unknown to the checker).
+		if op.Unknown() && (op.Note == "" || op.Return == 0) {
 			op.Return = h.End
 		}
 	}

@@ -263,10 +263,7 @@ func porcupineOps(h *History, ops []*Op) []porcupine.Operation {
 			in.Payload = ""
 			o.Pub, o.Payload = op.ReadPub, op.Payload
 		}
-		ret := op.Return
-		if op.Unknown() {
-			ret = h.End
-		}
+		ret := op.Return // End for an unknown outcome, but for a dropped reply (Build)
 		if _, ok := ids[op.Proc]; !ok {
 			ids[op.Proc] = len(ids)
 		}

@@ -148,3 +148,23 @@ func TestBusyAfterExpiryFlagged(t *testing.T) {
 		})
 	}
 }
+
+// A reply thrown away by drop-reply keeps its interval (the database had answered before the
+// RETURN record); a killed request or a driver error may still take effect until the end.
+func TestDroppedReplyKeepsItsInterval(t *testing.T) {
+	recs := []Record{
+		{Kind: KindCall, Proc: "A", ID: 1, Time: 10, Op: OpAcquire, Resource: "r", Owner: "a1"},
+		{Kind: KindNote, Proc: "A", ID: 1, Time: 15, Event: "drop", Detail: "acquire reply dropped; the database had answered ok"},
+		{Kind: KindReturn, Proc: "A", ID: 1, Time: 20, Out: OutUnknown, Err: "reply dropped"},
+		{Kind: KindCall, Proc: "B", ID: 1, Time: 30, Op: OpAcquire, Resource: "r", Owner: "b1"},
+		{Kind: KindReturn, Proc: "B", ID: 1, Time: 40, Out: OutUnknown, Err: "connection reset"},
+		{Kind: KindCall, Proc: "C", ID: 1, Time: 50, Op: OpAcquire, Resource: "r", Owner: "c1"},
+	}
+	h := Build(recs, 0)
+	want := map[string]int64{"A": 20, "B": h.End, "C": h.End}
+	for _, op := range h.Ops {
+		if !op.Unknown() || op.Return != want[op.Proc] {
+			t.Errorf("%s: unknown %v, return %d, want %d", op.Proc, op.Unknown(), op.Return, want[op.Proc])
+		}
+	}
+}

@@ -101,16 +101,21 @@ func (f Fault) String() string {
 // Plan derives the nemesis's schedule from the seed: the same seed, duration, worker count and
 // fault list give the same plan. Only the parent's faults are planned (drop-reply is drawn by
 // each worker from its own seed). Faults run one after another, a pause always longer than
-// the longest TTL.
+// the longest TTL. Each fault asked for comes once, in a seeded order, before any comes twice,
+// so that a short run injects every one that fits.
 func Plan(seed uint64, duration time.Duration, workers int, faults []string) []Fault {
 	rng := rand.New(rand.NewPCG(seed, 0x6e656d65736973))
-	var kinds []string
+	var kinds, first []string
 	weights := map[string]int{FaultPause: 4, FaultKill: 3, FaultClock: 2, FaultRestart: 1, FaultRowLock: 2, FaultBump: 1, FaultRestore: 2, FaultPartition: 2}
 	for _, f := range faults {
 		for range weights[f] {
 			kinds = append(kinds, f)
 		}
+		if weights[f] > 0 {
+			first = append(first, f)
+		}
 	}
+	rng.Shuffle(len(first), func(i, j int) { first[i], first[j] = first[j], first[i] })
 	if len(kinds) == 0 || workers < 1 {
 		return nil
 	}
@@ -121,7 +126,11 @@ func Plan(seed uint64, duration time.Duration, workers int, faults []string) []F
 	)
 	at := time.Second + time.Duration(rng.Int64N(int64(time.Second)))
 	for at < duration-2*time.Second {
-		f := Fault{At: at, Kind: kinds[rng.IntN(len(kinds))], Slot: rng.IntN(workers)}
+		kind := kinds[rng.IntN(len(kinds))]
+		if len(first) > 0 {
+			kind, first = first[0], first[1:]
+		}
+		f := Fault{At: at, Kind: kind, Slot: rng.IntN(workers)}
 		busy := time.Duration(0)
 		switch f.Kind {
 		case FaultPause:

@@ -35,6 +35,13 @@ func TestPlanFollowsTheSeed(t *testing.T) {
 			t.Errorf("%s: outside the run", f)
 		}
 	}
+	seen := map[string]bool{}
+	for _, f := range a[:4] {
+		seen[f.Kind] = true
+	}
+	if len(seen) != 4 {
+		t.Errorf("the first four faults are not the four kinds asked for: %v", a[:4])
+	}
 	if len(Plan(3, time.Minute, 4, []string{FaultDropReply})) != 0 {
 		t.Error("drop-reply alone needs no nemesis action")
 	}
