@@ -88,9 +88,53 @@ func (d *Driver) txn(ctx context.Context, what string, cmps []clientv3.Cmp, then
 	w := &sent{}
 	resp, err := d.cli.Txn(context.WithValue(ctx, sentKey{}, w)).If(cmps...).Then(then...).Else(els...).Commit()
 	if err != nil {
-		return nil, fmt.Errorf("%s txn: %w", what, classify(err, w))
+		err = classify(err, w)
+		if errors.Is(err, driver.ErrNotApplied) && status.Code(err) == codes.Unavailable {
+			return nil, driver.NotApplied(d.connectionFailure(err)) // which Txn is beside the point
+		}
+		return nil, fmt.Errorf("%s txn: %w", what, err)
 	}
 	return resp, nil
+}
+
+// failFast makes a call that finds no connection ready (every endpoint refused or failed its
+// last dial) fail at once with Unavailable, instead of clientv3's default of waiting for one
+// until the call's context ends, which for a caller without a deadline (the CLI) is forever.
+// Such a call was never handed to a connection: classify reports it not applied, as it would
+// the same call abandoned by its context. A call made while a connection is being dialled
+// still waits for that dial's outcome. Authentication is left to wait as before: Open
+// authenticates within clientv3.Config.DialTimeout and diagnose explains a timeout there.
+func failFast(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
+	if !strings.HasPrefix(method, "/etcdserverpb.Auth/") {
+		opts = append(opts, grpc.WaitForReady(false)) // after clientv3's own WaitForReady(true)
+	}
+	return invoker(ctx, method, req, reply, cc, opts...)
+}
+
+// connError is a failure to connect, in the user's terms; the gRPC error stays reachable with
+// errors.As.
+type connError struct {
+	msg string
+	err error
+}
+
+func (e *connError) Error() string { return e.msg }
+func (e *connError) Unwrap() error { return e.err }
+
+// connectionFailure words an Unavailable error of a call that never reached a connection as
+// one sentence naming the endpoints and the last dial's cause. gRPC reports that cause as text
+// only, ending with the dialer's own error ("... dial tcp 127.0.0.1:1: connect: connection
+// refused"), whose last part is the cause.
+func (d *Driver) connectionFailure(err error) error {
+	msg := status.Convert(err).Message()
+	cause := strings.TrimRight(msg[strings.LastIndex(msg, ": ")+1:], `"`)
+	cause = strings.TrimSpace(cause)
+	eps := d.cli.Endpoints()
+	where := "the etcd server at " + strings.Join(eps, ", ")
+	if len(eps) > 1 {
+		where = "any of the etcd servers at " + strings.Join(eps, ", ")
+	}
+	return &connError{msg: fmt.Sprintf("cannot connect to %s: %s", where, cause), err: err}
 }
 
 // classify marks the errors after which a Txn certainly did not take effect: it was never

@@ -69,6 +69,7 @@ import (
 
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.uber.org/zap"
+	"google.golang.org/grpc"
 
 	"github.com/fenced-dev/fenced/driver"
 )
@@ -149,7 +150,9 @@ func New(client *clientv3.Client, opts *Options) *Driver {
 // log in to etcd's authentication; a wrong one is an error from Open. A TLS failure (an
 // unknown CA, a refused client certificate) is an error of the first operation, which never
 // falls back to plain text. Errors never repeat the URL, which may hold a password. The
-// driver owns the client and closes it in Close.
+// driver owns the client and closes it in Close. A call that finds no endpoint reachable fails
+// at once, not applied, naming the endpoints and the cause, instead of waiting for one until its
+// context ends (failFast in classify.go).
 func Open(rawURL string) (*Driver, error) {
 	c, err := parseURL(rawURL)
 	if err != nil {
@@ -159,13 +162,17 @@ func Open(rawURL string) (*Driver, error) {
 		Endpoints:   c.endpoints,
 		DialTimeout: 5 * time.Second,
 		Logger:      zap.NewNop(), // failures reach the caller as errors
-		DialOptions: DialOptions(),
+		DialOptions: append(DialOptions(), grpc.WithChainUnaryInterceptor(failFast)),
 		TLS:         c.tls,
 		Username:    c.username,
 		Password:    c.password,
 	})
 	if err != nil {
-		return nil, fmt.Errorf("open etcd %s: %w", strings.Join(c.endpoints, ","), diagnose(c, err))
+		err = diagnose(c, err)
+		if errors.As(err, new(*connError)) {
+			return nil, err // names the endpoints already
+		}
+		return nil, fmt.Errorf("open etcd %s: %w", strings.Join(c.endpoints, ","), err)
 	}
 	d := New(cli, &Options{Prefix: c.prefix})
 	d.owned = true

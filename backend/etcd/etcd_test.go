@@ -71,8 +71,9 @@ func newTarget(t *testing.T) drivertest.Target {
 		},
 		// clientv3 makes every call wait for a connection until its context ends
 		// (WaitForReady), and the suite's contexts last a minute; this client's calls fail as
-		// soon as the dial fails instead. (Not a shorter per-call deadline: clientv3's retry
-		// interceptor resends a call whose own context ended while the caller's is alive.)
+		// soon as the dial fails instead, as Open's do (failFast). (Not a shorter per-call
+		// deadline: clientv3's retry interceptor resends a call whose own context ended while
+		// the caller's is alive.)
 		Unreachable: func(t *testing.T) driver.Driver {
 			return New(newClientWith(t, []string{drivertest.ClosedAddr(t)}, grpc.WithChainUnaryInterceptor(failFast)), &Options{Prefix: prefix})
 		},
@@ -89,11 +90,6 @@ func newTarget(t *testing.T) drivertest.Target {
 		NoRowLock: "etcd has no locks: a Txn is applied in log order and judges expiry by the owner key's " +
 			"existence at that point, which the leader's lease expiry revokes in the same log",
 	}
-}
-
-// failFast makes a call fail at once when no connection is ready.
-func failFast(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
-	return invoker(ctx, method, req, reply, cc, append(opts, grpc.WaitForReady(false))...)
 }
 
 func openDriver(t testing.TB, endpoints []string, prefix string) *Driver {

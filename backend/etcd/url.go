@@ -10,6 +10,7 @@ import (
 	"net/url"
 	"os"
 	"strings"
+	"syscall"
 	"time"
 )
 
@@ -107,13 +108,21 @@ func parseURL(rawURL string) (clientURL, error) {
 // diagnose explains a failure to connect that the client reports only as a timeout: it makes
 // one TLS handshake with each endpoint itself, with the URL's settings, and reports the first
 // refusal (an unknown CA, a client certificate the server rejects), or, for etcd://, that the
-// server speaks TLS. It returns err unchanged when it finds nothing better.
+// server speaks TLS; when no endpoint accepts a TCP connection at all, it says so with the
+// cause. It returns err unchanged when it finds nothing better.
 func diagnose(c clientURL, err error) error {
 	if !errors.Is(err, context.DeadlineExceeded) {
 		return err
 	}
+	var unreachable []string // endpoints where nothing accepted a connection, and why
 	for _, ep := range c.endpoints {
 		dialer := &net.Dialer{Timeout: 2 * time.Second}
+		conn, derr := dialer.Dial("tcp", ep)
+		if derr != nil {
+			unreachable = append(unreachable, dialCause(derr))
+			continue
+		}
+		_ = conn.Close()
 		if c.tls == nil {
 			probe := &tls.Config{InsecureSkipVerify: true} // only to learn whether it speaks TLS
 			conn, herr := tls.DialWithDialer(dialer, "tcp", ep, probe)
@@ -141,5 +150,30 @@ func diagnose(c clientURL, err error) error {
 			return fmt.Errorf("etcd at %s refused this client's certificate: %w", ep, rerr)
 		}
 	}
+	if len(unreachable) == len(c.endpoints) {
+		where := "the etcd server at "
+		if len(c.endpoints) > 1 {
+			where = "any of the etcd servers at "
+		}
+		return &connError{msg: fmt.Sprintf("cannot connect to %s%s: %s", where, strings.Join(c.endpoints, ", "), unreachable[0]), err: err}
+	}
 	return err
+}
+
+// dialCause is the reason a TCP dial failed, without the addresses ("connection refused").
+func dialCause(err error) string {
+	var (
+		dns   *net.DNSError
+		errno syscall.Errno
+		op    *net.OpError
+	)
+	switch {
+	case errors.As(err, &dns):
+		return dns.Err
+	case errors.As(err, &errno):
+		return errno.Error()
+	case errors.As(err, &op) && op.Timeout():
+		return "timed out"
+	}
+	return err.Error()
 }

@@ -73,6 +73,7 @@ import (
 	"net/url"
 	"strconv"
 	"strings"
+	"syscall"
 	"time"
 
 	goredis "github.com/redis/go-redis/v9"
@@ -118,9 +119,9 @@ func New(client goredis.UniversalClient, opts *Options) *Driver {
 
 // Open connects to a URL of the form redis://[user:password@]host:port/db (or rediss:// for
 // TLS, or unix://path), with go-redis's query options (pool_size, dial_timeout, ...) and one of
-// fenced's own: key_prefix, default DefaultKeyPrefix. It disables go-redis retries and refuses
-// a max_retries option. The returned driver owns its client and closes it in Close. Open does
-// not contact the server.
+// fenced's own: key_prefix, default DefaultKeyPrefix. It disables go-redis retries (of commands,
+// refusing a max_retries option, and of dials: one dial per connection attempt). The returned
+// driver owns its client and closes it in Close. Open does not contact the server.
 func Open(rawURL string) (*Driver, error) {
 	u, err := url.Parse(rawURL)
 	if err != nil {
@@ -142,9 +143,22 @@ func Open(rawURL string) (*Driver, error) {
 		return nil, fmt.Errorf("open redis: %w", err)
 	}
 	opt.MaxRetries = -1
+	// One dial per connection attempt: a failed dial is reported at once as not applied, and
+	// the caller decides whether to try again (Run at its next renewal, a user after reading
+	// the message); go-redis's default of 5 attempts only delays that answer, by up to
+	// 5 x dial_timeout against an address that does not answer.
+	opt.DialerRetries = 1
 	d := New(goredis.NewClient(opt), &Options{KeyPrefix: prefix})
 	d.owned = true
 	return d, nil
+}
+
+// addr is the configured server address, for messages.
+func (d *Driver) addr() string {
+	if c, ok := d.client.(*goredis.Client); ok {
+		return c.Options().Addr
+	}
+	return "its configured address"
 }
 
 // Client returns the underlying client.
@@ -451,9 +465,52 @@ func (d *Driver) run(ctx context.Context, s *goredis.Script, name string, keys [
 	}
 	cmd := s.Run(ctx, d.client, keys, args...)
 	if err := cmd.Err(); err != nil {
-		cmd.SetErr(fmt.Errorf("run %s script: %w", name, classify(err)))
+		if cf := connectionFailure(d.addr(), err); cf != nil {
+			cmd.SetErr(driver.NotApplied(cf)) // says it all: which script is beside the point
+		} else {
+			cmd.SetErr(fmt.Errorf("run %s script: %w", name, classify(err)))
+		}
 	}
 	return cmd
+}
+
+// connError is a failure to connect, in the user's terms; go-redis's error stays reachable
+// with errors.As.
+type connError struct {
+	msg string
+	err error
+}
+
+func (e *connError) Error() string { return e.msg }
+func (e *connError) Unwrap() error { return e.err }
+
+// connectionFailure words a dial failure as one sentence naming the server and the cause
+// ("connection refused"), or returns nil for any other error. Nothing was sent. addr is the
+// client's configured address, named when the dial failed before it had one (a DNS failure).
+func connectionFailure(addr string, err error) error {
+	var op *net.OpError
+	if !errors.As(err, &op) || op.Op != "dial" {
+		return nil
+	}
+	var (
+		dns   *net.DNSError
+		errno syscall.Errno
+		cause string
+	)
+	switch {
+	case errors.As(err, &dns):
+		cause = dns.Error()
+	case errors.As(err, &errno):
+		cause = errno.Error()
+	case op.Timeout():
+		cause = "timed out"
+	default:
+		cause = op.Err.Error()
+	}
+	if op.Addr != nil {
+		addr = op.Addr.String() // the address dialled, resolved
+	}
+	return &connError{msg: fmt.Sprintf("cannot connect to the Redis server at %s: %s", addr, cause), err: err}
 }
 
 // classify marks the errors after which a script certainly did not take effect:

@@ -4,6 +4,8 @@ import (
 	"context"
 	"strings"
 
+	goredis "github.com/redis/go-redis/v9"
+
 	"github.com/fenced-dev/fenced/backend/etcd"
 	"github.com/fenced-dev/fenced/backend/mysql"
 	"github.com/fenced-dev/fenced/backend/postgres"
@@ -12,6 +14,11 @@ import (
 	"github.com/fenced-dev/fenced/backend/sqlserver"
 	"github.com/fenced-dev/fenced/driver"
 )
+
+// quietLogger discards go-redis's log lines.
+type quietLogger struct{}
+
+func (quietLogger) Printf(context.Context, string, ...any) {}
 
 // defaultDB is used when neither --db nor FENCED_DB is set: a file in the current directory.
 const defaultDB = "sqlite:fenced.db"
@@ -39,6 +46,10 @@ func openDriver(ctx context.Context, url string) (driver.Driver, error) {
 	case "etcd", "etcds":
 		return etcd.Open(url)
 	case "redis", "rediss":
+		// go-redis logs its own connection failures on stderr, beside the one sentence the
+		// command prints. The logger is global to the process, which the CLI owns; the
+		// backend leaves it alone, as a library must.
+		goredis.SetLogger(quietLogger{})
 		return redis.Open(url)
 	default:
 		// Only the scheme is quoted: the rest of a URL may hold a password.

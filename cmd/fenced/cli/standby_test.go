@@ -15,6 +15,7 @@ import (
 
 	"github.com/fenced-dev/fenced"
 	"github.com/fenced-dev/fenced/backend/postgres"
+	"github.com/fenced-dev/fenced/driver/drivertest"
 )
 
 // readOnlySentence is what every write to a hot standby says.
@@ -165,16 +166,30 @@ func libraryReads(t *testing.T, url, res string, generation int64, payload []byt
 	}
 }
 
-// TestUnreachableServer: every command says which server it could not reach and why, once.
+// TestUnreachableServer: every command says which server it could not reach and why, once,
+// on every backend with a server, and soon: a command that waits for a connection until it is
+// killed exits -1, not 1 (etcd's client, unless told otherwise, waits forever).
 func TestUnreachableServer(t *testing.T) {
-	port := freePort(t) // closed again: nothing listens there
-	tg := target{t: t, url: fmt.Sprintf("postgres://postgres@127.0.0.1:%d/postgres?connect_timeout=5", port), dir: t.TempDir()}
 	lease := leaseOut{Owner: "OWNER", Epoch: 2, Generation: 3}
-	want := fmt.Sprintf("cannot connect to the PostgreSQL server at 127.0.0.1:%d: connection refused", port)
-	for _, m := range everyCommand(t, tg, "r", lease) {
-		if m.code != 1 || !strings.Contains(m.stderr, want) {
-			t.Errorf("fenced %s with the server down: exit %d, %q; want exit 1 and %q", m.cmd, m.code, m.stderr, want)
-		}
+	for _, c := range []struct {
+		server string // as the message names it
+		url    func(addr string) string
+	}{
+		{"PostgreSQL", func(a string) string { return "postgres://postgres@" + a + "/postgres?connect_timeout=5" }},
+		{"MySQL or MariaDB", func(a string) string { return "mysql://root@" + a + "/fenced" }},
+		{"Redis", func(a string) string { return "redis://" + a + "/0" }},
+		{"etcd", func(a string) string { return "etcd://" + a }},
+	} {
+		t.Run(c.server, func(t *testing.T) {
+			addr := drivertest.ClosedAddr(t) // nothing listens there
+			tg := target{t: t, url: c.url(addr), dir: t.TempDir()}
+			want := fmt.Sprintf("cannot connect to the %s server at %s: connection refused", c.server, addr)
+			for _, m := range everyCommand(t, tg, "r", lease) {
+				if m.code != 1 || !strings.Contains(m.stderr, want) {
+					t.Errorf("fenced %s with the server down: exit %d, %q; want exit 1 and %q", m.cmd, m.code, m.stderr, want)
+				}
+			}
+		})
 	}
 }
 
