@@ -248,6 +248,9 @@ func (s *Store) PruneOperations(ctx context.Context, age time.Duration) (int64, 
 // MinPruneAge is the shortest age PruneOperations accepts: Config.MaxTTL plus PruneMargin.
 func (s *Store) MinPruneAge() time.Duration { return s.maxTTL() + PruneMargin }
 
+// MaxTTL is the longest TTL this store acquires or renews a lease for (Config.MaxTTL).
+func (s *Store) MaxTTL() time.Duration { return s.maxTTL() }
+
 // maxTTL is Config.MaxTTL, defaulted also for a Store not made by New.
 func (s *Store) maxTTL() time.Duration {
 	if s.cfg.MaxTTL == 0 {
@@ -480,6 +483,14 @@ func validResource(r string) error {
 	}
 	return nil
 }
+
+// ValidateResource checks a resource name given from outside (a request to the service)
+// before anything is sent. It returns *InvalidError.
+func ValidateResource(r string) error { return validResource(r) }
+
+// ValidateOpID checks a publication's operation id given from outside. It returns
+// *InvalidError.
+func ValidateOpID(id string) error { return validOpID(id) }
 
 // ValidateOwner checks an owner identity given from outside (a command line, another process)
 // before anything is sent. It returns *InvalidError.

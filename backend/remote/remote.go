@@ -1,0 +1,554 @@
+// Package remote is a fenced driver that speaks to a fenced service (fenced serve) over its
+// HTTP/JSON API, so that everything built on drivers (fenced.Store, Run, the fenced command,
+// the conformance suite) works through the network unchanged.
+//
+// The service evaluates every mutation in one statement of its own database; this driver only
+// classifies what it learns:
+//   - a request that never left (no connection, or the context ended before one was obtained)
+//     certainly did not happen: the error wraps driver.ErrNotApplied;
+//   - an answer whose problem body says "applied": false (invalid, unauthorised, read-only,
+//     the database could not carry it out) did not happen either;
+//   - everything else after the request was handed to a connection (a lost or cut reply, a
+//     502 outcome-unknown, a proxy's own error page) may have happened: a plain error, which
+//     fenced.Store reports as outcome unknown.
+//
+// Go's transport retries a request on a reused connection only when it knows nothing was
+// written; mutations carry no Idempotency-Key header, so it never replays one that was.
+package remote
+
+import (
+	"bytes"
+	"context"
+	"crypto/tls"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"math"
+	"net/http"
+	"net/http/httptrace"
+	"net/url"
+	"strconv"
+	"strings"
+	"sync/atomic"
+	"time"
+
+	"github.com/fenced-dev/fenced/driver"
+)
+
+// Problem types this driver acts on (see the server package).
+const (
+	typeBusy               = "urn:fenced:problem:busy"
+	typeRefused            = "urn:fenced:problem:refused"
+	typeNotProvisioned     = "urn:fenced:problem:not-provisioned"
+	typeNothingPublished   = "urn:fenced:problem:nothing-published"
+	typeReadOnly           = "urn:fenced:problem:read-only"
+	typeIncarnationChanged = "urn:fenced:problem:incarnation-changed"
+)
+
+// Options configures Open. Nil means the defaults.
+type Options struct {
+	// Client sends the requests. Default: a client of its own with a transport cloned from
+	// http.DefaultTransport (so Close can close its idle connections).
+	Client *http.Client
+	// BearerToken is sent as "Authorization: Bearer ...". Default: $FENCED_TOKEN is not read
+	// here; the caller passes it.
+	BearerToken string
+	// TLS configures HTTPS for the default client (for a private CA, for example).
+	TLS *tls.Config
+}
+
+// Driver is a client of one fenced service. It is safe for concurrent use by multiple
+// goroutines.
+type Driver struct {
+	base   *url.URL
+	client *http.Client
+	token  string
+	own    *http.Transport // closed by Close; nil when the caller gave the client
+	maxPay atomic.Int64
+	closed atomic.Bool
+}
+
+// errClosed is returned by every call after Close, as by a closed database handle.
+var errClosed = errors.New("the fenced service client is closed")
+
+var _ driver.Driver = (*Driver)(nil)
+
+// Open returns a driver for the service at rawURL (http:// or https://, with an optional
+// path prefix). It sends nothing until the first call.
+func Open(rawURL string, opts *Options) (*Driver, error) {
+	u, err := url.Parse(rawURL)
+	if err != nil {
+		return nil, fmt.Errorf("fenced service URL: %w", err)
+	}
+	if u.Scheme != "http" && u.Scheme != "https" {
+		return nil, fmt.Errorf("fenced service URL: the scheme must be http or https, not %q", u.Scheme)
+	}
+	if u.Host == "" {
+		return nil, errors.New("fenced service URL: it names no host")
+	}
+	if u.User != nil {
+		return nil, errors.New("fenced service URL: credentials in the URL are not sent; pass a bearer token instead")
+	}
+	var o Options
+	if opts != nil {
+		o = *opts
+	}
+	d := &Driver{base: u, client: o.Client, token: o.BearerToken}
+	if d.client == nil {
+		tr := http.DefaultTransport.(*http.Transport).Clone()
+		if o.TLS != nil {
+			tr.TLSClientConfig = o.TLS
+		}
+		d.own = tr
+		d.client = &http.Client{Transport: tr}
+	}
+	// A redirect would re-send a mutation elsewhere; the service never redirects.
+	c := *d.client
+	c.CheckRedirect = func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }
+	d.client = &c
+	return d, nil
+}
+
+// Close closes the idle connections of the driver's own transport.
+func (d *Driver) Close() error {
+	d.closed.Store(true)
+	if d.own != nil {
+		d.own.CloseIdleConnections()
+	}
+	return nil
+}
+
+// escape writes a resource name or operation id as one path segment. "." and ".." are
+// spelled out, since a client or server would otherwise treat them as path steps.
+func escape(s string) string {
+	if s == "." || s == ".." {
+		return strings.Repeat("%2E", len(s))
+	}
+	return url.PathEscape(s)
+}
+
+// problem is the part of an application/problem+json body the driver reads.
+type problem struct {
+	Type                string    `json:"type"`
+	Status              int       `json:"status"`
+	Detail              string    `json:"detail"`
+	Applied             *bool     `json:"applied"`
+	Epoch               int64     `json:"epoch"`
+	Generation          int64     `json:"generation"`
+	LeaseUntil          time.Time `json:"lease_until"`
+	ServerIncarnation   string    `json:"server_incarnation"`
+	RecordedIncarnation string    `json:"recorded_incarnation"`
+}
+
+// reply is an HTTP answer read in full.
+type reply struct {
+	status int
+	header http.Header
+	body   []byte
+	prob   *problem // set when the body is application/problem+json
+}
+
+func (r *reply) err(op string) error {
+	if r.prob == nil {
+		return fmt.Errorf("%s: the service answered %d without a problem body", op, r.status)
+	}
+	msg := r.prob.Detail
+	if msg == "" {
+		msg = r.prob.Type
+	}
+	return fmt.Errorf("%s: the service answered %d: %s", op, r.status, msg)
+}
+
+// mutationErr classifies a failed mutation's answer: certain when the service says nothing
+// changed, unknown otherwise.
+func (r *reply) mutationErr(op string) error {
+	err := r.err(op)
+	if r.prob == nil {
+		return err
+	}
+	switch r.prob.Type {
+	case typeReadOnly:
+		return driver.ReadOnly(err)
+	case typeIncarnationChanged:
+		return driver.NotApplied(&driver.IncarnationError{Server: r.prob.ServerIncarnation, Recorded: r.prob.RecordedIncarnation})
+	}
+	if r.prob.Applied != nil && !*r.prob.Applied {
+		return driver.NotApplied(err)
+	}
+	return err
+}
+
+// do sends one request and reads the whole answer. A transport error is reported as not
+// applied only when no connection had been obtained for the request, so nothing was sent.
+func (d *Driver) do(ctx context.Context, op, method, path string, header http.Header, body []byte) (*reply, error) {
+	if d.closed.Load() {
+		return nil, driver.NotApplied(fmt.Errorf("%s: %w", op, errClosed))
+	}
+	target := strings.TrimSuffix(d.base.String(), "/") + path
+	var sent atomic.Bool
+	ctx = httptrace.WithClientTrace(ctx, &httptrace.ClientTrace{
+		GotConn: func(httptrace.GotConnInfo) { sent.Store(true) },
+	})
+	var rd io.Reader
+	if body != nil {
+		rd = bytes.NewReader(body)
+	}
+	req, err := http.NewRequestWithContext(ctx, method, target, rd)
+	if err != nil {
+		return nil, driver.NotApplied(fmt.Errorf("%s: %w", op, err))
+	}
+	for k, v := range header {
+		req.Header[k] = v
+	}
+	if d.token != "" {
+		req.Header.Set("Authorization", "Bearer "+d.token)
+	}
+	resp, err := d.client.Do(req)
+	if err != nil {
+		err = fmt.Errorf("%s: %w", op, err)
+		if !sent.Load() {
+			return nil, driver.NotApplied(err)
+		}
+		return nil, err
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	if err != nil {
+		return nil, fmt.Errorf("%s: reading the answer: %w", op, err)
+	}
+	r := &reply{status: resp.StatusCode, header: resp.Header, body: b}
+	if resp.StatusCode >= 300 && strings.HasPrefix(resp.Header.Get("Content-Type"), "application/problem+json") {
+		var p problem
+		if json.Unmarshal(b, &p) == nil && p.Type != "" {
+			r.prob = &p
+		}
+	}
+	return r, nil
+}
+
+func (d *Driver) doJSON(ctx context.Context, op, method, path string, in any) (*reply, error) {
+	var body []byte
+	h := http.Header{}
+	if in != nil {
+		var err error
+		if body, err = json.Marshal(in); err != nil {
+			return nil, driver.NotApplied(fmt.Errorf("%s: %w", op, err))
+		}
+		h.Set("Content-Type", "application/json")
+	}
+	return d.do(ctx, op, method, path, h, body)
+}
+
+func decode(op string, r *reply, v any) error {
+	if err := json.Unmarshal(r.body, v); err != nil {
+		return fmt.Errorf("%s: the service's answer is not the expected JSON: %w", op, err)
+	}
+	return nil
+}
+
+func ms(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }
+
+type info struct {
+	MaxPayloadBytes    int64    `json:"max_payload_bytes"`
+	DurabilityWarnings []string `json:"durability_warnings"`
+	DurabilityError    string   `json:"durability_error"`
+}
+
+func (d *Driver) info(ctx context.Context) (info, error) {
+	r, err := d.doJSON(ctx, "fenced service info", http.MethodGet, "/v1/info", nil)
+	if err != nil {
+		return info{}, err
+	}
+	if r.status != http.StatusOK {
+		return info{}, r.err("fenced service info")
+	}
+	var in info
+	if err := decode("fenced service info", r, &in); err != nil {
+		return info{}, err
+	}
+	d.maxPay.Store(in.MaxPayloadBytes)
+	return in, nil
+}
+
+// Migrate checks that the service answers; the service migrated its database at start.
+func (d *Driver) Migrate(ctx context.Context) error {
+	_, err := d.info(ctx)
+	return err
+}
+
+// MaxPayloadBytes is the service's limit once Migrate or CheckDurability has asked for it
+// (0, no limit of the driver's own, before).
+func (d *Driver) MaxPayloadBytes() int { return int(min(d.maxPay.Load(), math.MaxInt32)) }
+
+// CheckDurability returns the warnings of the service's database.
+func (d *Driver) CheckDurability(ctx context.Context) ([]string, error) {
+	in, err := d.info(ctx)
+	if err != nil {
+		return nil, err
+	}
+	if in.DurabilityError != "" {
+		return nil, errors.New("fenced service: " + in.DurabilityError)
+	}
+	return in.DurabilityWarnings, nil
+}
+
+func (d *Driver) Provision(ctx context.Context, resource string) error {
+	op := "provision"
+	r, err := d.doJSON(ctx, op, http.MethodPut, "/v1/resources/"+escape(resource), nil)
+	if err != nil {
+		return err
+	}
+	if r.status != http.StatusNoContent && r.status != http.StatusOK {
+		return r.mutationErr(op)
+	}
+	return nil
+}
+
+type lease struct {
+	Epoch      int64     `json:"epoch"`
+	Generation int64     `json:"generation"`
+	LeaseUntil time.Time `json:"lease_until"`
+}
+
+func (d *Driver) Acquire(ctx context.Context, resource, owner string, ttl time.Duration) (driver.Grant, error) {
+	op := "acquire"
+	r, err := d.doJSON(ctx, op, http.MethodPost, "/v1/resources/"+escape(resource)+"/acquire",
+		map[string]any{"ttl_ms": ms(ttl), "owner": owner})
+	if err != nil {
+		return driver.Grant{}, err
+	}
+	if r.status == http.StatusOK {
+		var l lease
+		if err := decode(op, r, &l); err != nil {
+			return driver.Grant{}, err
+		}
+		return driver.Grant{Epoch: l.Epoch, Generation: l.Generation, LeaseUntil: l.LeaseUntil}, nil
+	}
+	if r.prob != nil {
+		switch r.prob.Type {
+		case typeBusy:
+			return driver.Grant{}, &driver.BusyError{Epoch: r.prob.Epoch, Generation: r.prob.Generation, LeaseUntil: r.prob.LeaseUntil}
+		case typeNotProvisioned:
+			return driver.Grant{}, driver.ErrNotFound
+		}
+	}
+	return driver.Grant{}, r.mutationErr(op)
+}
+
+func leaseBody(l driver.LeaseRef) map[string]any {
+	return map[string]any{"owner": l.Owner, "token": fmt.Sprintf("%d.%d", l.Epoch, l.Generation)}
+}
+
+// refused reports whether the answer is the database's refusal of a lease operation.
+func refused(r *reply) bool {
+	return r.prob != nil && (r.prob.Type == typeRefused || r.prob.Type == typeNotProvisioned)
+}
+
+func (d *Driver) Renew(ctx context.Context, l driver.LeaseRef, ttl time.Duration) (time.Time, bool, error) {
+	op := "renew"
+	body := leaseBody(l)
+	body["ttl_ms"] = ms(ttl)
+	r, err := d.doJSON(ctx, op, http.MethodPost, "/v1/resources/"+escape(l.Resource)+"/renew", body)
+	switch {
+	case err != nil:
+		return time.Time{}, false, err
+	case r.status == http.StatusOK:
+		var out lease
+		if err := decode(op, r, &out); err != nil {
+			return time.Time{}, false, err
+		}
+		return out.LeaseUntil, true, nil
+	case refused(r):
+		return time.Time{}, false, nil
+	}
+	return time.Time{}, false, r.mutationErr(op)
+}
+
+func (d *Driver) publish(ctx context.Context, op, verb string, l driver.LeaseRef, pub driver.Publication) (bool, error) {
+	h := http.Header{}
+	h.Set("Content-Type", "application/octet-stream")
+	h.Set("Fenced-Owner", l.Owner)
+	h.Set("Fenced-Token", fmt.Sprintf("%d.%d", l.Epoch, l.Generation))
+	h.Set("Fenced-Op-Id", pub.OpID)
+	if pub.SourceVersion > 0 {
+		h.Set("Fenced-Source-Version", strconv.FormatInt(pub.SourceVersion, 10))
+	}
+	payload := pub.Payload
+	if payload == nil {
+		payload = []byte{}
+	}
+	r, err := d.do(ctx, op, http.MethodPost, "/v1/resources/"+escape(l.Resource)+"/"+verb, h, payload)
+	switch {
+	case err != nil:
+		return false, err
+	case r.status == http.StatusOK:
+		return true, nil
+	case refused(r):
+		return false, nil
+	}
+	return false, r.mutationErr(op)
+}
+
+func (d *Driver) Publish(ctx context.Context, l driver.LeaseRef, pub driver.Publication) (bool, error) {
+	return d.publish(ctx, "publish", "publish", l, pub)
+}
+
+func (d *Driver) PublishAndRelease(ctx context.Context, l driver.LeaseRef, pub driver.Publication) (bool, error) {
+	return d.publish(ctx, "publish and release", "publish-and-release", l, pub)
+}
+
+func (d *Driver) Release(ctx context.Context, l driver.LeaseRef) (bool, error) {
+	op := "release"
+	r, err := d.doJSON(ctx, op, http.MethodPost, "/v1/resources/"+escape(l.Resource)+"/release", leaseBody(l))
+	switch {
+	case err != nil:
+		return false, err
+	case r.status == http.StatusNoContent || r.status == http.StatusOK:
+		return true, nil
+	case refused(r):
+		return false, nil
+	}
+	return false, r.mutationErr(op)
+}
+
+type state struct {
+	Resource            string    `json:"resource"`
+	Epoch               int64     `json:"epoch"`
+	Generation          int64     `json:"generation"`
+	Owner               string    `json:"owner"`
+	LeaseUntil          time.Time `json:"lease_until"`
+	PublishedEpoch      int64     `json:"published_epoch"`
+	PublishedGeneration int64     `json:"published_generation"`
+	PublishedAt         time.Time `json:"published_at"`
+	SourceVersion       int64     `json:"source_version"`
+	PayloadSize         int64     `json:"payload_size"`
+	CurrentEpoch        int64     `json:"current_epoch"`
+	Now                 time.Time `json:"now"`
+}
+
+func (d *Driver) Read(ctx context.Context, resource string) (driver.State, error) {
+	op := "show"
+	r, err := d.doJSON(ctx, op, http.MethodGet, "/v1/resources/"+escape(resource), nil)
+	if err != nil {
+		return driver.State{}, err
+	}
+	if r.status != http.StatusOK {
+		if r.prob != nil && r.prob.Type == typeNotProvisioned {
+			return driver.State{}, driver.ErrNotFound
+		}
+		return driver.State{}, r.err(op)
+	}
+	var s state
+	if err := decode(op, r, &s); err != nil {
+		return driver.State{}, err
+	}
+	return driver.State(s), nil
+}
+
+func (d *Driver) ReadPayload(ctx context.Context, resource string) ([]byte, int64, error) {
+	op := "get"
+	r, err := d.doJSON(ctx, op, http.MethodGet, "/v1/resources/"+escape(resource)+"/payload", nil)
+	if err != nil {
+		return nil, 0, err
+	}
+	if r.status != http.StatusOK {
+		switch {
+		case r.prob != nil && r.prob.Type == typeNotProvisioned:
+			return nil, 0, driver.ErrNotFound
+		case r.prob != nil && r.prob.Type == typeNothingPublished:
+			return nil, 0, nil
+		}
+		return nil, 0, r.err(op)
+	}
+	gen, err := strconv.ParseInt(r.header.Get("Fenced-Generation"), 10, 64)
+	if err != nil || gen < 1 {
+		return nil, 0, fmt.Errorf("%s: the service's answer has no valid Fenced-Generation header", op)
+	}
+	return r.body, gen, nil
+}
+
+type operation struct {
+	OpID       string    `json:"op_id"`
+	Outcome    string    `json:"outcome"`
+	Resource   string    `json:"resource"`
+	Epoch      int64     `json:"epoch"`
+	Generation int64     `json:"generation"`
+	RecordedAt time.Time `json:"recorded_at"`
+}
+
+func (o operation) driver() driver.Operation {
+	out := driver.Operation(o)
+	if out.Outcome == "none" {
+		out.Outcome = ""
+	}
+	return out
+}
+
+func (d *Driver) ResolveOperation(ctx context.Context, opID string) (driver.Operation, error) {
+	op := "resolve"
+	r, err := d.doJSON(ctx, op, http.MethodPost, "/v1/operations/"+escape(opID)+"/resolve", nil)
+	if err != nil {
+		return driver.Operation{}, err
+	}
+	if r.status != http.StatusOK {
+		return driver.Operation{}, r.mutationErr(op)
+	}
+	var o operation
+	if err := decode(op, r, &o); err != nil {
+		return driver.Operation{}, err
+	}
+	return o.driver(), nil
+}
+
+func (d *Driver) ReadOperation(ctx context.Context, opID string) (driver.Operation, error) {
+	op := "read operation"
+	r, err := d.doJSON(ctx, op, http.MethodGet, "/v1/operations/"+escape(opID), nil)
+	if err != nil {
+		return driver.Operation{}, err
+	}
+	if r.status != http.StatusOK {
+		return driver.Operation{}, r.err(op)
+	}
+	var o operation
+	if err := decode(op, r, &o); err != nil {
+		return driver.Operation{}, err
+	}
+	return o.driver(), nil
+}
+
+func (d *Driver) BumpEpoch(ctx context.Context) (int64, error) {
+	op := "bump epoch"
+	r, err := d.doJSON(ctx, op, http.MethodPost, "/v1/epoch/bump", nil)
+	if err != nil {
+		return 0, err
+	}
+	if r.status != http.StatusOK {
+		return 0, r.mutationErr(op)
+	}
+	var out struct {
+		Epoch int64 `json:"epoch"`
+	}
+	if err := decode(op, r, &out); err != nil {
+		return 0, err
+	}
+	return out.Epoch, nil
+}
+
+func (d *Driver) PruneOperations(ctx context.Context, age time.Duration) (int64, error) {
+	op := "prune operations"
+	r, err := d.doJSON(ctx, op, http.MethodPost, "/v1/operations/prune", map[string]any{"age_ms": ms(age)})
+	if err != nil {
+		return 0, err
+	}
+	if r.status != http.StatusOK {
+		return 0, r.mutationErr(op)
+	}
+	var out struct {
+		Deleted int64 `json:"deleted"`
+	}
+	if err := decode(op, r, &out); err != nil {
+		return 0, err
+	}
+	return out.Deleted, nil
+}
