@@ -14,24 +14,24 @@ import (
 // Problem types (RFC 9457 "type" members). Each outcome class has one HTTP status, listed in
 // the OpenAPI document and in docs/SERVICE.md; clients switch on the type, not the status.
 const (
-	TypeInvalid              = "urn:fenced:problem:invalid"               // 400: nothing was sent to the database
-	TypeUnauthenticated      = "urn:fenced:problem:unauthenticated"       // 401
-	TypeForbidden            = "urn:fenced:problem:forbidden"             // 403
-	TypeNotProvisioned       = "urn:fenced:problem:not-provisioned"       // 404
-	TypeNothingPublished     = "urn:fenced:problem:nothing-published"     // 404
-	TypeNotFound             = "urn:fenced:problem:not-found"             // 404: no such route
-	TypeMethodNotAllowed     = "urn:fenced:problem:method-not-allowed"    // 405
-	TypeBusy                 = "urn:fenced:problem:busy"                  // 409
-	TypeRefused              = "urn:fenced:problem:refused"               // 412: the lease presented is not current
-	TypeTooLarge             = "urn:fenced:problem:too-large"             // 413
-	TypeOutcomeUnknown       = "urn:fenced:problem:outcome-unknown"       // 502: may or may not have happened
-	TypeNotApplied           = "urn:fenced:problem:not-applied"           // 503: certainly did not happen
-	TypeReadOnly             = "urn:fenced:problem:read-only"             // 503
-	TypeIncarnationChanged   = "urn:fenced:problem:incarnation-changed"   // 503: bump the epoch
-	TypeUnavailable          = "urn:fenced:problem:unavailable"           // 503: a read failed
-	TypeShuttingDown         = "urn:fenced:problem:shutting-down"         // 503
-	problemContentType       = "application/problem+json"
-	headerRequestID          = "Fenced-Request-Id"
+	TypeInvalid               = "urn:fenced:problem:invalid"             // 400: nothing was sent to the database
+	TypeUnauthenticated       = "urn:fenced:problem:unauthenticated"     // 401
+	TypeForbidden             = "urn:fenced:problem:forbidden"           // 403
+	TypeNotProvisioned        = "urn:fenced:problem:not-provisioned"     // 404
+	TypeNothingPublished      = "urn:fenced:problem:nothing-published"   // 404
+	TypeNotFound              = "urn:fenced:problem:not-found"           // 404: no such route
+	TypeMethodNotAllowed      = "urn:fenced:problem:method-not-allowed"  // 405
+	TypeBusy                  = "urn:fenced:problem:busy"                // 409
+	TypeRefused               = "urn:fenced:problem:refused"             // 412: the lease presented is not current
+	TypeTooLarge              = "urn:fenced:problem:too-large"           // 413
+	TypeOutcomeUnknown        = "urn:fenced:problem:outcome-unknown"     // 502: may or may not have happened
+	TypeNotApplied            = "urn:fenced:problem:not-applied"         // 503: certainly did not happen
+	TypeReadOnly              = "urn:fenced:problem:read-only"           // 503
+	TypeIncarnationChanged    = "urn:fenced:problem:incarnation-changed" // 503: bump the epoch
+	TypeUnavailable           = "urn:fenced:problem:unavailable"         // 503: a read failed
+	TypeShuttingDown          = "urn:fenced:problem:shutting-down"       // 503
+	problemContentType        = "application/problem+json"
+	headerRequestID           = "Fenced-Request-Id"
 	genericDatabaseTroubleMsg = "the database did not answer as expected; the server's log has the details under this request id"
 )
 
