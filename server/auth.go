@@ -9,6 +9,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"net/url"
 	"strings"
 )
 
@@ -62,7 +63,14 @@ func NewSecret(name string, role Role, prefixes ...string) (secret, line string,
 	_, _ = rand.Read(b) // never fails (crypto/rand)
 	secret = tokenPrefix + hex.EncodeToString(b)
 	sum := sha256.Sum256([]byte(secret))
-	line = fmt.Sprintf("%s %s sha256:%s %s", name, role, hex.EncodeToString(sum[:]), strings.Join(prefixes, " "))
+	enc := make([]string, len(prefixes))
+	for i, p := range prefixes {
+		enc[i] = p
+		if p != "*" {
+			enc[i] = url.PathEscape(p)
+		}
+	}
+	line = fmt.Sprintf("%s %s sha256:%s %s", name, role, hex.EncodeToString(sum[:]), strings.Join(enc, " "))
 	if _, err := ParseTokens(strings.NewReader(line)); err != nil {
 		return "", "", err
 	}
@@ -83,8 +91,8 @@ func checkName(name string) error {
 //	NAME ROLE sha256:HEX PREFIX...
 //
 // ROLE is reader, worker or admin; HEX is the SHA-256 of the secret, so the file holds no
-// secret. Each PREFIX is a resource-name prefix the token may act on, or "*" for every
-// resource (admin tokens must have exactly "*"). A prefix is matched on bytes: "builds/"
+// secret. Each PREFIX is a resource-name prefix the token may act on, percent-encoded (a
+// space as %20), or "*" for every resource (admin tokens must have exactly "*"). A prefix is matched on bytes: "builds/"
 // covers "builds/x" but not "builds".
 type Tokens struct {
 	byHash map[[32]byte]*principal
@@ -131,9 +139,13 @@ func ParseTokens(r io.Reader) (*Tokens, error) {
 		for _, pre := range f[3:] {
 			if pre == "*" {
 				p.all = true
-			} else {
-				p.prefixes = append(p.prefixes, pre)
+				continue
 			}
+			dec, err := url.PathUnescape(pre)
+			if err != nil {
+				return nil, fmt.Errorf("tokens line %d: prefix %q is not percent-encoded correctly", n, pre)
+			}
+			p.prefixes = append(p.prefixes, dec)
 		}
 		if p.all && len(p.prefixes) > 0 {
 			return nil, fmt.Errorf("tokens line %d: \"*\" already covers every prefix; give it alone", n)

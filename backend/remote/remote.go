@@ -383,6 +383,16 @@ func (d *Driver) publish(ctx context.Context, op, verb string, l driver.LeaseRef
 	case err != nil:
 		return false, err
 	case r.status == http.StatusOK:
+		// An acceptance names the operation; anything else (a proxy's page) proves nothing.
+		var out struct {
+			OpID string `json:"op_id"`
+		}
+		if err := decode(op, r, &out); err != nil {
+			return false, err
+		}
+		if out.OpID != pub.OpID {
+			return false, fmt.Errorf("%s: the service's answer names operation %q, not %q", op, out.OpID, pub.OpID)
+		}
 		return true, nil
 	case refused(r):
 		return false, nil
