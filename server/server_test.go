@@ -120,7 +120,7 @@ func TestValidatorCatchesMismatches(t *testing.T) {
 		ct     string
 		body   string
 	}{
-		"state without the clock":     {200, "application/json", `{"resource":"r","token":"1.1","epoch":1,"generation":1,"held":false,"published_epoch":0,"published_generation":0,"source_version":0,"payload_size":0,"current_epoch":1}`},
+		"state without the clock":      {200, "application/json", `{"resource":"r","token":"1.1","epoch":1,"generation":1,"held":false,"published_epoch":0,"published_generation":0,"source_version":0,"payload_size":0,"current_epoch":1}`},
 		"token as a number":            {200, "application/json", `{"resource":"r","token":1.1,"epoch":1,"generation":1,"held":false,"published_epoch":0,"published_generation":0,"source_version":0,"payload_size":0,"current_epoch":1,"now":"2026-01-01T00:00:00Z"}`},
 		"an undocumented status":       {418, "application/problem+json", `{"type":"urn:fenced:problem:busy","title":"t","status":418}`},
 		"a problem of an unknown type": {404, "application/problem+json", `{"type":"about:blank","title":"t","status":404}`},
