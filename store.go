@@ -484,10 +484,6 @@ func validResource(r string) error {
 	return nil
 }
 
-// ValidateResource checks a resource name given from outside (a request to the service)
-// before anything is sent. It returns *InvalidError.
-func ValidateResource(r string) error { return validResource(r) }
-
 // ValidateOpID checks a publication's operation id given from outside. It returns
 // *InvalidError.
 func ValidateOpID(id string) error { return validOpID(id) }

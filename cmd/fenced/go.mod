@@ -110,6 +110,7 @@ require (
 	github.com/fenced-dev/fenced/backend/redis v0.0.0-00010101000000-000000000000
 	github.com/fenced-dev/fenced/backend/sqlserver v0.0.0-00010101000000-000000000000
 	github.com/fenced-dev/fenced/destination/artifact v0.0.0-00010101000000-000000000000
+	github.com/fenced-dev/fenced/server v0.0.0-00010101000000-000000000000
 	github.com/google/uuid v1.6.0 // indirect
 	github.com/inconshreveable/mousetrap v1.1.0 // indirect
 	github.com/jackc/pgpassfile v1.0.0 // indirect
@@ -139,3 +140,5 @@ replace github.com/fenced-dev/fenced/backend/redis => ../../backend/redis
 replace github.com/fenced-dev/fenced/backend/sqlserver => ../../backend/sqlserver
 
 replace github.com/fenced-dev/fenced/destination/artifact => ../../destination/artifact
+
+replace github.com/fenced-dev/fenced/server => ../../server

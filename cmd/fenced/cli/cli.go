@@ -85,7 +85,8 @@ The schema is created on first use; "fenced migrate" does it explicitly.`,
 	root.SetFlagErrorFunc(func(_ *cobra.Command, err error) error { return err })
 	root.AddCommand(a.migrateCmd(), a.provisionCmd(), a.acquireCmd(), a.renewCmd(),
 		a.publishCmd(), a.releaseCmd(), a.showCmd(), a.getCmd(), a.runCmd(), a.demoCmd(), a.demoWorkerCmd(),
-		a.tortureCmd(), a.tortureWorkerCmd(), a.resolveCmd(), a.epochCmd(), a.grantCmd(), a.pruneCmd(), a.gcCmd())
+		a.tortureCmd(), a.tortureWorkerCmd(), a.resolveCmd(), a.epochCmd(), a.grantCmd(), a.pruneCmd(), a.gcCmd(),
+		a.serveCmd(), a.serveTokenCmd())
 	for _, c := range append(root.Commands(), root) {
 		if !c.Hidden {
 			c.Long += "\n\n" + exitCodesHelp

@@ -222,8 +222,8 @@ func leaseArgs(op, resource string, l leaseOut, extra ...string) []string {
 	return append([]string{op, resource, "--owner", l.Owner, "--generation", strconv.FormatInt(l.Generation, 10)}, extra...)
 }
 
-// forEachTarget runs body against a fresh SQLite file and, when a server answers, a fresh
-// PostgreSQL schema.
+// forEachTarget runs body against a fresh SQLite file, when a server answers a fresh
+// PostgreSQL schema, and a fenced serve (in this process) over a fresh SQLite file.
 func forEachTarget(t *testing.T, body func(tg target)) {
 	t.Run("sqlite", func(t *testing.T) {
 		t.Parallel()
@@ -233,6 +233,10 @@ func forEachTarget(t *testing.T, body func(tg target)) {
 	t.Run("postgres", func(t *testing.T) {
 		t.Parallel()
 		body(target{t: t, url: postgresSchema(t), dir: t.TempDir()})
+	})
+	t.Run("service", func(t *testing.T) {
+		t.Parallel()
+		body(serviceTarget(t))
 	})
 }
 

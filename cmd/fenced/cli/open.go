@@ -2,6 +2,7 @@ package cli
 
 import (
 	"context"
+	"os"
 	"strings"
 
 	goredis "github.com/redis/go-redis/v9"
@@ -10,6 +11,7 @@ import (
 	"github.com/fenced-dev/fenced/backend/mysql"
 	"github.com/fenced-dev/fenced/backend/postgres"
 	"github.com/fenced-dev/fenced/backend/redis"
+	"github.com/fenced-dev/fenced/backend/remote"
 	"github.com/fenced-dev/fenced/backend/sqlite"
 	"github.com/fenced-dev/fenced/backend/sqlserver"
 	"github.com/fenced-dev/fenced/driver"
@@ -23,7 +25,7 @@ func (quietLogger) Printf(context.Context, string, ...any) {}
 // defaultDB is used when neither --db nor FENCED_DB is set: a file in the current directory.
 const defaultDB = "sqlite:fenced.db"
 
-const schemes = "sqlite:PATH, postgres://, mysql://, sqlserver://, etcd://host:port[,host:port], etcds:// (TLS), redis:// or rediss:// (TLS)"
+const schemes = "sqlite:PATH, postgres://, mysql://, sqlserver://, etcd://host:port[,host:port], etcds:// (TLS), redis:// or rediss:// (TLS), or a fenced service's http:// or https:// (bearer secret in $FENCED_API_TOKEN)"
 
 // dbHelp describes the URL forms in the help text.
 const dbHelp = `database URL: ` + schemes + ` (default: $FENCED_DB, else sqlite:fenced.db)`
@@ -51,6 +53,8 @@ func openDriver(ctx context.Context, url string) (driver.Driver, error) {
 		// backend leaves it alone, as a library must.
 		goredis.SetLogger(quietLogger{})
 		return redis.Open(url)
+	case "http", "https":
+		return remote.Open(url, &remote.Options{BearerToken: os.Getenv("FENCED_API_TOKEN")})
 	default:
 		// Only the scheme is quoted: the rest of a URL may hold a password.
 		return nil, usagef("the database URL scheme %q is not supported; use %s", scheme, schemes)

@@ -1,0 +1,275 @@
+package cli_test
+
+import (
+	"bufio"
+	"context"
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/tls"
+	"crypto/x509"
+	"crypto/x509/pkix"
+	"encoding/json"
+	"encoding/pem"
+	"io"
+	"math/big"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/fenced-dev/fenced"
+	"github.com/fenced-dev/fenced/backend/remote"
+	"github.com/fenced-dev/fenced/backend/sqlite"
+	"github.com/fenced-dev/fenced/cmd/fenced/cli"
+)
+
+// service is a "fenced serve" running in this process.
+type service struct {
+	url    string
+	stop   context.CancelFunc
+	done   chan int
+	stderr *lockedBuffer
+}
+
+type lockedBuffer struct {
+	mu sync.Mutex
+	b  strings.Builder
+}
+
+func (l *lockedBuffer) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *lockedBuffer) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
+}
+
+// startService runs fenced serve with args until the test ends, and returns once it listens.
+func startService(t *testing.T, args ...string) *service {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	pr, pw := io.Pipe()
+	s := &service{stop: cancel, done: make(chan int, 1), stderr: &lockedBuffer{}}
+	go func() {
+		code := cli.Main(ctx, append([]string{"serve", "--listen", "127.0.0.1:0"}, args...), strings.NewReader(""), pw, s.stderr)
+		_ = pw.Close()
+		s.done <- code
+	}()
+	line, err := bufio.NewReader(pr).ReadString('\n')
+	go func() { _, _ = io.Copy(io.Discard, pr) }()
+	if err != nil {
+		cancel()
+		t.Fatalf("fenced serve did not start: exit %d, stderr %q", <-s.done, s.stderr.String())
+	}
+	var out struct{ Listening string }
+	if err := json.Unmarshal([]byte(line), &out); err != nil || out.Listening == "" {
+		t.Fatalf("fenced serve printed %q", line)
+	}
+	s.url = out.Listening
+	t.Cleanup(func() {
+		cancel()
+		if code := <-s.done; code != 0 {
+			t.Errorf("fenced serve exited %d: %s", code, s.stderr.String())
+		}
+	})
+	return s
+}
+
+// serviceTarget is a target whose commands go through a fenced serve over a new SQLite file.
+func serviceTarget(t *testing.T) target {
+	dir := t.TempDir()
+	s := startService(t, "--db", "sqlite:"+filepath.Join(dir, "service.db"))
+	return target{t: t, url: s.url, dir: dir}
+}
+
+func TestServeRefusesUnsafeListening(t *testing.T) {
+	dir := t.TempDir()
+	db := "sqlite:" + filepath.Join(dir, "x.db")
+	tg := target{t: t, url: db, dir: dir}
+	for _, args := range [][]string{
+		{"serve", "--listen", "0.0.0.0:0"},
+		{"serve", "--listen", "[::]:0"},
+		{"serve", "--listen", "192.0.2.1:7070"},
+		{"serve", "--listen", "nonsense"},
+		{"serve", "--tls-cert", "c.pem"},
+		{"serve", "--tokens", filepath.Join(dir, "missing")},
+		{"serve", "--db", "http://127.0.0.1:1"},
+		{"serve-token", "n", "--role", "owner", "--prefix", "x"},
+		{"serve-token", "n", "--role", "admin", "--prefix", "x/"},
+		{"serve-token", "n", "--role", "worker"},
+	} {
+		tg.fails(cli.ExitUsage, nil, args...)
+	}
+}
+
+// TestServeGracefulShutdown: a request in flight when the shutdown begins still gets its
+// answer, and the service then exits 0. The schedule is forced with the service's hooks.
+func TestServeGracefulShutdown(t *testing.T) {
+	active := make(chan struct{}, 16)
+	shutting := make(chan struct{})
+	// Restored after the service's own cleanup has stopped it (cleanups run last-in first-out).
+	t.Cleanup(cli.SetServeHooks(func() { active <- struct{}{} }, func() { close(shutting) }))
+	dir := t.TempDir()
+	s := startService(t, "--db", "sqlite:"+filepath.Join(dir, "s.db"))
+	store, err := fenced.New(context.Background(), mustRemote(t, s.url, nil), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer store.Close()
+	if err := store.Provision(context.Background(), "r ü"); err != nil {
+		t.Fatal(err)
+	}
+	l, err := store.Acquire(context.Background(), "r ü", time.Minute)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_ = store.Close() // its idle connection would otherwise count as a second active one
+	for len(active) > 0 {
+		<-active
+	}
+	// A publication whose body is still arriving when the shutdown begins.
+	body, feed := io.Pipe()
+	req, err := http.NewRequest("POST", s.url+"/v1/resources/r%20%C3%BC/publish", body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	req.Header.Set("Fenced-Owner", l.Owner())
+	req.Header.Set("Fenced-Token", l.Token().String())
+	tr := &http.Transport{}
+	defer tr.CloseIdleConnections()
+	answered := make(chan *http.Response, 1)
+	go func() {
+		resp, err := tr.RoundTrip(req)
+		if err != nil {
+			t.Errorf("the request in flight failed: %v", err)
+		}
+		answered <- resp
+	}()
+	if _, err := feed.Write([]byte("first half \x00")); err != nil {
+		t.Fatal(err)
+	}
+	<-active // the service is reading the request
+	s.stop()
+	<-shutting
+	if _, err := feed.Write([]byte("second half")); err != nil {
+		t.Fatal(err)
+	}
+	_ = feed.Close()
+	resp := <-answered
+	if resp == nil {
+		t.FailNow()
+	}
+	b, _ := io.ReadAll(resp.Body)
+	_ = resp.Body.Close()
+	if resp.StatusCode != 200 {
+		t.Fatalf("the request in flight got %d %s", resp.StatusCode, b)
+	}
+	tr.CloseIdleConnections()
+	direct, err := fenced.New(context.Background(), sqliteDriver(t, filepath.Join(dir, "s.db")), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer direct.Close()
+	if got, _, err := direct.Get(context.Background(), "r ü"); err != nil || string(got) != "first half \x00second half" {
+		t.Fatalf("published %q, %v", got, err)
+	}
+}
+
+// TestServeTLSAndTokens: a service beyond loopback with TLS and a tokens file made by
+// serve-token; the CLI reaches it with $FENCED_API_TOKEN and the system's trust (SSL_CERT_FILE).
+func TestServeTLSAndTokens(t *testing.T) {
+	dir := t.TempDir()
+	certFile, keyFile, pool := selfSigned(t, dir)
+	tg := target{t: t, url: "sqlite:" + filepath.Join(dir, "t.db"), dir: dir}
+	var tok struct{ Secret, Line string }
+	if err := json.Unmarshal(tg.ok(nil, "serve-token", "ci", "--role", "worker", "--prefix", "builds/"), &tok); err != nil {
+		t.Fatal(err)
+	}
+	tokens := filepath.Join(dir, "tokens")
+	if err := os.WriteFile(tokens, []byte(tok.Line+"\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	s := startService(t, "--db", tg.url, "--tokens", tokens, "--tls-cert", certFile, "--tls-key", keyFile)
+	if !strings.HasPrefix(s.url, "https://") {
+		t.Fatalf("service URL %s", s.url)
+	}
+	store, err := fenced.New(context.Background(), mustRemote(t, s.url, &remote.Options{BearerToken: tok.Secret, TLS: &tls.Config{RootCAs: pool}}), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer store.Close()
+	if err := store.Provision(context.Background(), "builds/ü 1"); err != nil {
+		t.Fatal(err)
+	}
+	if err := store.Provision(context.Background(), "other"); err == nil {
+		t.Fatal("a worker for builds/ provisioned other")
+	}
+	noToken, err := fenced.New(context.Background(), mustRemote(t, s.url, &remote.Options{TLS: &tls.Config{RootCAs: pool}}), &fenced.Config{SkipMigrate: true})
+	if err == nil {
+		defer noToken.Close()
+		if _, err := noToken.Show(context.Background(), "builds/ü 1"); err == nil {
+			t.Fatal("show without a token succeeded")
+		}
+	}
+}
+
+func sqliteDriver(t *testing.T, path string) *sqlite.Driver {
+	t.Helper()
+	d, err := sqlite.Open(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return d
+}
+
+func mustRemote(t *testing.T, url string, opts *remote.Options) *remote.Driver {
+	t.Helper()
+	d, err := remote.Open(url, opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return d
+}
+
+// selfSigned writes a certificate for 127.0.0.1 and its key, and returns a pool trusting it.
+func selfSigned(t *testing.T, dir string) (certFile, keyFile string, pool *x509.CertPool) {
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tmpl := &x509.Certificate{SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: "fenced test"},
+		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour),
+		IPAddresses: []net.IP{net.ParseIP("127.0.0.1")}, KeyUsage: x509.KeyUsageDigitalSignature,
+		ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth}, BasicConstraintsValid: true, IsCA: true}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	kb, err := x509.MarshalECPrivateKey(key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	certFile, keyFile = filepath.Join(dir, "cert.pem"), filepath.Join(dir, "key.pem")
+	if err := os.WriteFile(certFile, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(keyFile, pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: kb}), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	cert, err := x509.ParseCertificate(der)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pool = x509.NewCertPool()
+	pool.AddCert(cert)
+	return certFile, keyFile, pool
+}
