@@ -226,6 +226,7 @@ func (l *Lease) PublishAndRelease(ctx context.Context, payload []byte, opts ...P
 	err := l.publish(ctx, opPublishAndRelease, payload, opts, l.store.drv.PublishAndRelease)
 	if err == nil {
 		l.end(errReleased)
+		l.store.waits.released(l.ref.Resource)
 	}
 	return err
 }
@@ -320,6 +321,7 @@ func (l *Lease) Release(ctx context.Context) error {
 	if !ok {
 		return l.store.refusal(ctx, opRelease, l.ref, nil)
 	}
+	l.store.waits.released(l.ref.Resource)
 	return nil
 }
 

@@ -113,8 +113,9 @@ func (c *Config) withDefaults() (Config, error) {
 // Store runs the fenced protocol over one backend. It is safe for concurrent use by multiple
 // goroutines; each call uses whatever connection the backend hands it.
 type Store struct {
-	drv driver.Driver
-	cfg Config
+	drv   driver.Driver
+	cfg   Config
+	waits waitQueues // AcquireWait's waiters, woken by releases through this Store
 }
 
 // New returns a Store over drv, creating the schema first unless cfg.SkipMigrate is set.

@@ -1,0 +1,141 @@
+package fenced
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"sync"
+	"time"
+)
+
+// Polling bounds of AcquireWait: the first retry after a busy answer comes after at most
+// waitPollMin, and the interval doubles up to waitPollMax. A lease that runs out sooner, by
+// the database's clock, is retried when it runs out.
+const (
+	waitPollMin = 5 * time.Millisecond
+	waitPollMax = time.Second
+)
+
+// AcquireWait is Acquire that waits while the resource is busy: it returns the lease once an
+// acquisition is granted, or the first error other than busy, or, when ctx ends first, an
+// error matching both ErrBusy (the last *BusyError) and ctx's error.
+//
+// Each attempt is Acquire's one conditional statement; nothing is decided in Go. Between
+// attempts the waiter sleeps with a capped, jittered back-off, and never past the moment the
+// holder's lease runs out as the database's clock judges it (the row's expiry minus the
+// database's now, read after the busy answer): a waiter never compares the database's times
+// with its own clock. A lease released through this Store wakes the next waiter at once.
+//
+// Waiters of one resource in one Store are served first come, first served: only the
+// longest-waiting one asks the database, and the next starts when it leaves. Across Stores and
+// processes there is no order: whoever's statement comes first after the lease is free wins.
+func (s *Store) AcquireWait(ctx context.Context, resource string, ttl time.Duration) (*Lease, error) {
+	if err := validResource(resource); err != nil {
+		return nil, err
+	}
+	if _, err := s.margin(ttl); err != nil {
+		return nil, err
+	}
+	w := s.waits.join(resource)
+	defer s.waits.leave(resource, w)
+	select {
+	case <-w.turn:
+	case <-ctx.Done():
+		return nil, fmt.Errorf("acquire %q: gave up waiting for the waiters before it: %w", resource, ctx.Err())
+	}
+	poll := waitPollMin
+	for {
+		l, err := s.Acquire(ctx, resource, ttl)
+		var busy *BusyError
+		if !errors.As(err, &busy) {
+			return l, err
+		}
+		delay := poll
+		if st, rerr := s.Show(ctx, resource); rerr == nil && st.Held() {
+			if left := st.LeaseUntil.Sub(st.Now); left < delay {
+				delay = max(left, 0)
+			}
+		}
+		// Jitter within the lower half, so that waiters of several processes spread out; the
+		// lease's end is never overshot.
+		delay -= rand.N(delay/2 + 1)
+		poll = min(2*poll, waitPollMax)
+		if s.waits.hook != nil {
+			s.waits.hook("sleep", delay)
+		}
+		t := time.NewTimer(delay)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return nil, fmt.Errorf("%w (gave up waiting: %w)", busy, ctx.Err())
+		case <-w.wake:
+			t.Stop()
+			poll = waitPollMin
+		case <-t.C:
+		}
+	}
+}
+
+// waitQueues holds the waiters of one Store, per resource, in arrival order. The zero value
+// is ready to use.
+type waitQueues struct {
+	mu     sync.Mutex
+	queues map[string][]*waiter
+	// hook, set by tests before any waiter, sees "join" and each "sleep" with its delay.
+	hook func(event string, d time.Duration)
+}
+
+type waiter struct {
+	turn chan struct{} // closed when this waiter is the first of its resource
+	wake chan struct{} // a lease of the resource was released through this Store
+}
+
+func (q *waitQueues) join(resource string) *waiter {
+	w := &waiter{turn: make(chan struct{}), wake: make(chan struct{}, 1)}
+	q.mu.Lock()
+	if q.queues == nil {
+		q.queues = map[string][]*waiter{}
+	}
+	q.queues[resource] = append(q.queues[resource], w)
+	if len(q.queues[resource]) == 1 {
+		close(w.turn)
+	}
+	q.mu.Unlock()
+	if q.hook != nil {
+		q.hook("join", 0)
+	}
+	return w
+}
+
+func (q *waitQueues) leave(resource string, w *waiter) {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	ws := q.queues[resource]
+	for i, x := range ws {
+		if x == w {
+			ws = append(ws[:i:i], ws[i+1:]...)
+			if i == 0 && len(ws) > 0 {
+				close(ws[0].turn)
+			}
+			break
+		}
+	}
+	if len(ws) == 0 {
+		delete(q.queues, resource)
+	} else {
+		q.queues[resource] = ws
+	}
+}
+
+// released wakes the first waiter of resource, if any.
+func (q *waitQueues) released(resource string) {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	if ws := q.queues[resource]; len(ws) > 0 {
+		select {
+		case ws[0].wake <- struct{}{}:
+		default:
+		}
+	}
+}

@@ -1,0 +1,181 @@
+package fenced
+
+import (
+	"context"
+	"errors"
+	"os"
+	"path/filepath"
+	"strconv"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/fenced-dev/fenced/backend/sqlite"
+)
+
+// waitStore opens a store on a new SQLite file, its epoch bumped so that epoch != generation.
+func waitStore(t *testing.T, path string, opts ...sqlite.Option) *Store {
+	t.Helper()
+	d, err := sqlite.Open(path, opts...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, err := New(context.Background(), d, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = s.Close() })
+	return s
+}
+
+const waitResource = "wait für Q3"
+
+// TestAcquireWaitFIFO: waiters of one Store are granted in the order they arrived; each
+// release through the Store hands the lease to the next one without polling.
+func TestAcquireWaitFIFO(t *testing.T) {
+	s := waitStore(t, filepath.Join(t.TempDir(), "w.db"))
+	ctx := context.Background()
+	if err := s.Provision(ctx, waitResource); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.BumpEpoch(ctx); err != nil {
+		t.Fatal(err)
+	}
+	joined := make(chan struct{}, 16)
+	s.waits.hook = func(event string, _ time.Duration) {
+		if event == "join" {
+			joined <- struct{}{}
+		}
+	}
+	holder, err := s.Acquire(ctx, waitResource, time.Hour)
+	if err != nil {
+		t.Fatal(err)
+	}
+	const n = 5
+	granted := make(chan int, n)
+	var wg sync.WaitGroup
+	for i := range n {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			l, err := s.AcquireWait(ctx, waitResource, time.Hour)
+			if err != nil {
+				t.Errorf("waiter %d: %v", i, err)
+				return
+			}
+			granted <- i
+			if err := l.Release(ctx); err != nil {
+				t.Errorf("waiter %d release: %v", i, err)
+			}
+		}()
+		<-joined // the next waiter arrives only after this one has queued
+	}
+	if err := holder.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	wg.Wait()
+	close(granted)
+	want := 0
+	for i := range granted {
+		if i != want {
+			t.Fatalf("waiter %d was granted in place %d", i, want)
+		}
+		want++
+	}
+	if want != n {
+		t.Fatalf("%d of %d waiters were granted", want, n)
+	}
+	if st, err := s.Show(ctx, waitResource); err != nil || st.Generation != n+1 {
+		t.Fatalf("after the waiters: %+v, %v; want generation %d", st, err, n+1)
+	}
+}
+
+// TestAcquireWaitUsesTheDatabaseClock: the database's clock is an hour behind this machine's.
+// A waiter that judged the holder's ten-minute lease by its own clock would think it over and
+// retry without pause; the waiter sleeps its back-off instead. The lease is then expired on
+// the database's clock by another store (no in-process wake), and the waiter gets it.
+func TestAcquireWaitUsesTheDatabaseClock(t *testing.T) {
+	dir := t.TempDir()
+	offset := filepath.Join(dir, "offset")
+	if err := os.WriteFile(offset, []byte(strconv.FormatInt(-time.Hour.Microseconds(), 10)), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	path := filepath.Join(dir, "w.db")
+	holderStore := waitStore(t, path, sqlite.WithClockOffsetFile(offset))
+	waiterStore := waitStore(t, path, sqlite.WithClockOffsetFile(offset))
+	ctx := context.Background()
+	if err := holderStore.Provision(ctx, waitResource); err != nil {
+		t.Fatal(err)
+	}
+	holder, err := holderStore.Acquire(ctx, waitResource, 10*time.Minute)
+	if err != nil {
+		t.Fatal(err)
+	}
+	const sleeps = 6
+	var delays []time.Duration
+	expire := make(chan struct{})
+	waiterStore.waits.hook = func(event string, d time.Duration) {
+		if event != "sleep" {
+			return
+		}
+		delays = append(delays, d)
+		if len(delays) == sleeps {
+			close(expire)
+		}
+	}
+	done := make(chan error, 1)
+	var got *Lease
+	go func() {
+		var err error
+		got, err = waiterStore.AcquireWait(ctx, waitResource, time.Minute)
+		done <- err
+	}()
+	<-expire
+	// The holder's lease runs out on the database's clock: its row's expiry moves to the past.
+	sd := holderStore.Driver().(*sqlite.Driver)
+	if _, err := sd.DB().ExecContext(ctx, `UPDATE fenced_resources SET lease_until = lease_until - 3600000000 WHERE resource = ?`, waitResource); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-done; err != nil {
+		t.Fatalf("waiter: %v", err)
+	}
+	for i, d := range delays[:sleeps] {
+		if d < waitPollMin/2 {
+			t.Fatalf("sleep %d was %s: the waiter judged the lease by its own clock (delays %v)", i, d, delays)
+		}
+	}
+	if got.Token().Compare(holder.Token()) <= 0 {
+		t.Fatalf("the waiter's token %s is not after the holder's %s", got.Token(), holder.Token())
+	}
+	if err := holder.Publish(ctx, []byte("late")); !errors.Is(err, ErrRefused) {
+		t.Fatalf("the expired holder published after the waiter's grant: %v", err)
+	}
+}
+
+// TestAcquireWaitGivesUpWithCtx: when ctx ends first, the error is busy and names ctx's end.
+func TestAcquireWaitGivesUpWithCtx(t *testing.T) {
+	s := waitStore(t, filepath.Join(t.TempDir(), "w.db"))
+	ctx := context.Background()
+	if err := s.Provision(ctx, waitResource); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.Acquire(ctx, waitResource, time.Hour); err != nil {
+		t.Fatal(err)
+	}
+	wctx, cancel := context.WithCancel(ctx)
+	sleeps := 0
+	s.waits.hook = func(event string, _ time.Duration) {
+		if event == "sleep" {
+			if sleeps++; sleeps == 3 {
+				cancel()
+			}
+		}
+	}
+	_, err := s.AcquireWait(wctx, waitResource, time.Minute)
+	if !errors.Is(err, ErrBusy) || !errors.Is(err, context.Canceled) {
+		t.Fatalf("AcquireWait after ctx ended: %v, want busy and canceled", err)
+	}
+	if _, err := s.AcquireWait(ctx, waitResource, 0); !errors.Is(err, ErrInvalid) {
+		t.Fatalf("AcquireWait with ttl 0: %v", err)
+	}
+}
