@@ -29,6 +29,10 @@ type RunOptions struct {
 	// previous holder's delayed writes from then on; if one cannot be fenced, build never runs
 	// and the error matches ErrNotFenced. Default none.
 	Fence []Fencer
+
+	// Wait is how long to wait for a busy resource (Store.AcquireWait). Default 0: a busy
+	// resource is returned as *BusyError at once.
+	Wait time.Duration
 }
 
 // Result describes a publication that Run made.
@@ -70,7 +74,18 @@ func Run(ctx context.Context, s *Store, resource string, opts *RunOptions, build
 		return Result{}, invalid("renew interval", "%s is negative", o.RenewEvery)
 	}
 
-	lease, err := s.Acquire(ctx, resource, o.TTL)
+	if o.Wait < 0 {
+		return Result{}, invalid("wait", "%s is negative", o.Wait)
+	}
+	var lease *Lease
+	var err error
+	if o.Wait > 0 {
+		wctx, cancel := context.WithTimeout(ctx, o.Wait)
+		lease, err = s.AcquireWait(wctx, resource, o.TTL)
+		cancel()
+	} else {
+		lease, err = s.Acquire(ctx, resource, o.TTL)
+	}
 	if err != nil {
 		return Result{}, err
 	}

@@ -1,10 +1,12 @@
 package cli
 
 import (
+	"context"
 	"crypto/rand"
 	"fmt"
 	"io"
 	"os"
+	"time"
 
 	"github.com/spf13/cobra"
 
@@ -72,32 +74,49 @@ func newLeaseJSON(l *fenced.Lease) leaseJSON {
 }
 
 func (a *app) acquireCmd() *cobra.Command {
-	var ttl string
+	var (
+		ttl  string
+		wait time.Duration
+	)
 	cmd := &cobra.Command{
-		Use:   "acquire RESOURCE --ttl DURATION",
+		Use:   "acquire RESOURCE --ttl DURATION [--wait DURATION]",
 		Short: "Take the resource's lease if it is free or expired",
 		Long: `Take the resource's lease for DURATION if it is free or its holder's lease has expired on
 the database's clock. The generation is incremented in the same statement. Prints the
 owner and the token (as "token":"EPOCH.GENERATION", and as epoch and generation) to pass to
-renew, publish and release: --owner O --token E.G.`,
+renew, publish and release: --owner O --token E.G.
+
+With --wait, a busy resource is retried until it is granted or the wait ends: with a capped
+back-off, and when the holder's lease runs out on the database's clock.`,
 		Args: oneResource,
 		RunE: a.run(func(cmd *cobra.Command, args []string) error {
 			d, err := parseTTL(ttl)
 			if err != nil {
 				return err
 			}
+			if wait < 0 {
+				return usagef("invalid --wait %s: it must not be negative", wait)
+			}
 			s, err := a.open(cmd)
 			if err != nil {
 				return err
 			}
 			defer s.Close()
-			l, err := s.Acquire(cmd.Context(), args[0], d)
+			var l *fenced.Lease
+			if wait > 0 {
+				ctx, cancel := context.WithTimeout(cmd.Context(), wait)
+				l, err = s.AcquireWait(ctx, args[0], d)
+				cancel()
+			} else {
+				l, err = s.Acquire(cmd.Context(), args[0], d)
+			}
 			if err != nil {
 				return err
 			}
 			return a.print(newLeaseJSON(l))
 		}),
 	}
+	cmd.Flags().DurationVar(&wait, "wait", 0, "how long to wait while the resource is busy, e.g. 1m (default: do not wait); then exit 3")
 	cmd.Flags().StringVar(&ttl, "ttl", "", "how long the lease lasts, e.g. 30s (required)")
 	_ = cmd.MarkFlagRequired("ttl")
 	return cmd

@@ -33,9 +33,10 @@ func (a *app) runCmd() *cobra.Command {
 		grace  time.Duration
 		fences []string
 		art    runArtifactFlags
+		wait   time.Duration
 	)
 	cmd := &cobra.Command{
-		Use:   "run RESOURCE --ttl DURATION [--renew] [--fence URL]... [--artifact [--store URL]] -- COMMAND [ARGS...]",
+		Use:   "run RESOURCE --ttl DURATION [--renew] [--wait DURATION] [--fence URL]... [--artifact [--store URL]] -- COMMAND [ARGS...]",
 		Short: "Run a command under the resource's lease and publish its standard output",
 		Long: `Acquire the resource's lease, run COMMAND with the lease in its environment, and publish
 its standard output under the lease, then release. Standard input and standard error pass
@@ -78,6 +79,9 @@ artifact store, and the payload published is a pointer to it.`,
 			if err != nil {
 				return err
 			}
+			if wait < 0 {
+				return usagef("invalid --wait %s: it must not be negative", wait)
+			}
 			if grace <= 0 {
 				return usagef("invalid --grace %s: it must be positive", grace)
 			}
@@ -89,14 +93,14 @@ artifact store, and the payload published is a pointer to it.`,
 				dests = append(dests, &destination.Remote{URL: f})
 			}
 			if art.on {
-				return a.runArtifact(cmd, args, &fenced.RunOptions{TTL: d, Renew: renew, Fence: dests}, grace, &art)
+				return a.runArtifact(cmd, args, &fenced.RunOptions{TTL: d, Renew: renew, Fence: dests, Wait: wait}, grace, &art)
 			}
 			s, err := a.open(cmd)
 			if err != nil {
 				return err
 			}
 			defer s.Close()
-			res, err := fenced.Run(cmd.Context(), s, args[0], &fenced.RunOptions{TTL: d, Renew: renew, Fence: dests},
+			res, err := fenced.Run(cmd.Context(), s, args[0], &fenced.RunOptions{TTL: d, Renew: renew, Fence: dests, Wait: wait},
 				func(ctx context.Context, l *fenced.Lease) ([]byte, error) {
 					return a.runCommand(ctx, l, args[1:], grace, s.MaxPayloadBytes())
 				})
@@ -109,6 +113,7 @@ artifact store, and the payload published is a pointer to it.`,
 		}),
 	}
 	cmd.Flags().StringVar(&ttl, "ttl", "", "the lease's time to live, e.g. 30s (required)")
+	cmd.Flags().DurationVar(&wait, "wait", 0, "how long to wait while the resource is busy (default: do not wait); then exit 3")
 	cmd.Flags().BoolVar(&renew, "renew", false, "renew the lease every TTL/3 while the command runs")
 	cmd.Flags().DurationVar(&grace, "grace", 10*time.Second, "how long after SIGTERM a command that lost its lease gets before SIGKILL")
 	cmd.Flags().StringArrayVar(&fences, "fence", nil, "fence this participating service (its fence URL) before the command starts; repeatable")
