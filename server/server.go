@@ -47,6 +47,7 @@ const (
 // Defaults for Options.
 const (
 	DefaultMutationTimeout = 30 * time.Second
+	DefaultMaxWait         = 5 * time.Minute
 	// maxJSONBytes bounds every JSON request body; only a payload is larger.
 	maxJSONBytes = 64 << 10
 )
@@ -65,6 +66,10 @@ type Options struct {
 	// DefaultMutationTimeout.
 	MutationTimeout time.Duration
 
+	// MaxWait is the longest wait_ms an acquisition may ask for; longer ones are invalid.
+	// Default DefaultMaxWait.
+	MaxWait time.Duration
+
 	// UnsafeAnyPruneAge lets an admin prune operation records of any age, as the driver
 	// interface allows; by default the store's MinPruneAge is enforced. Only for tests that
 	// run the conformance suite through the service.
@@ -78,7 +83,18 @@ type Server struct {
 	opts  Options
 	log   *slog.Logger
 	mux   *http.ServeMux
+
+	stopping context.Context // cancelled by StopWaiting
+	stop     context.CancelFunc
 }
+
+// errShuttingDown ends the waits of a server that is shutting down.
+var errShuttingDown = errors.New("the service is shutting down")
+
+// StopWaiting ends every waiting acquisition with 503 shutting-down (Retry-After), and makes
+// new ones fail the same way, so that a graceful shutdown (http.Server.Shutdown) does not wait
+// for them. Requests that do not wait are not affected.
+func (s *Server) StopWaiting() { s.stop() }
 
 // New returns a Server over store, which stays the caller's to close.
 func New(store *fenced.Store, opts *Options) (*Server, error) {
@@ -98,7 +114,14 @@ func New(store *fenced.Store, opts *Options) (*Server, error) {
 	if o.Logger == nil {
 		o.Logger = slog.Default()
 	}
+	if o.MaxWait < 0 {
+		return nil, fmt.Errorf("server: MaxWait %s is negative", o.MaxWait)
+	}
+	if o.MaxWait == 0 {
+		o.MaxWait = DefaultMaxWait
+	}
 	s := &Server{store: store, drv: store.Driver(), opts: o, log: o.Logger, mux: http.NewServeMux()}
+	s.stopping, s.stop = context.WithCancel(context.Background())
 	s.routes()
 	return s, nil
 }
@@ -219,6 +242,10 @@ type AcquireRequest struct {
 	// Owner is the identity to install; empty: the server draws a fresh random one. A client
 	// that may retry after a lost reply chooses its own, to recognise its acquisition.
 	Owner string `json:"owner,omitempty"`
+	// Wait is how long to wait while the resource is busy (fenced.Store.AcquireWait), at most
+	// Options.MaxWait; 0 answers busy at once. It cannot be combined with Owner: a waiting
+	// acquisition's owner is drawn by the server (and named in an outcome-unknown answer).
+	Wait Millis `json:"wait_ms,omitempty"`
 }
 
 // LeaseRequest is the body of renew and release.
@@ -353,6 +380,19 @@ func (s *Server) acquire(w http.ResponseWriter, r *http.Request) {
 	if err == nil && req.Owner != "" {
 		err = fenced.ValidateOwner(req.Owner)
 	}
+	if err == nil && req.Wait != 0 {
+		var wait time.Duration
+		switch wait, err = req.Wait.duration("wait_ms"); {
+		case err != nil:
+		case wait > s.opts.MaxWait:
+			err = &fenced.InvalidError{Arg: "wait_ms", Reason: fmt.Sprintf("%s is longer than this service's limit %s", wait, s.opts.MaxWait)}
+		case req.Owner != "":
+			err = &fenced.InvalidError{Arg: "owner", Reason: "a waiting acquisition's owner is drawn by the service; give owner or wait_ms, not both"}
+		default:
+			s.acquireWait(w, r, resource, ttl, wait)
+			return
+		}
+	}
 	if err != nil {
 		s.fail(w, r, err, false)
 		return
@@ -384,6 +424,36 @@ func (s *Server) acquire(w http.ResponseWriter, r *http.Request) {
 	t := fenced.Token{Epoch: g.Epoch, Generation: g.Generation}
 	writeJSON(w, http.StatusOK, Lease{Resource: resource, Owner: req.Owner, Token: t.String(), Epoch: g.Epoch,
 		Generation: g.Generation, LeaseUntil: g.LeaseUntil})
+}
+
+// acquireWait waits up to wait for the lease. The wait ends early when the client hangs up or
+// the service shuts down (503 shutting-down); at its end the resource is still busy (409).
+func (s *Server) acquireWait(w http.ResponseWriter, r *http.Request, resource string, ttl, wait time.Duration) {
+	shuttingDown := func() {
+		writeProblem(w, r, Problem{Type: TypeShuttingDown, Status: http.StatusServiceUnavailable,
+			Title: "the service is shutting down", Detail: "the wait ended because the service is shutting down; retry later or elsewhere", Applied: &no})
+	}
+	if s.stopping.Err() != nil {
+		shuttingDown()
+		return
+	}
+	ctx, cancel := context.WithCancelCause(r.Context())
+	defer cancel(nil)
+	defer context.AfterFunc(s.stopping, func() { cancel(errShuttingDown) })()
+	ctx, cancelWait := context.WithTimeout(ctx, wait)
+	defer cancelWait()
+	l, err := s.store.AcquireWait(ctx, resource, ttl)
+	if err != nil {
+		// Not an unknown outcome: a statement cut short by the shutdown stays unknown.
+		if errors.Is(context.Cause(ctx), errShuttingDown) && !errors.Is(err, fenced.ErrOutcomeUnknown) {
+			shuttingDown()
+			return
+		}
+		s.fail(w, r, err, true)
+		return
+	}
+	writeJSON(w, http.StatusOK, Lease{Resource: resource, Owner: l.Owner(), Token: l.Token().String(), Epoch: l.Epoch(),
+		Generation: l.Generation(), LeaseUntil: l.LeaseUntil()})
 }
 
 // leaseFor builds a handle on the lease a request names; every check is the database's.

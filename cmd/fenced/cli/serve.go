@@ -151,7 +151,9 @@ func (a *app) serve(cmd *cobra.Command, f serveFlags) error {
 	if serveHooks.shutdown != nil {
 		serveHooks.shutdown()
 	}
-	// Requests in flight finish: a mutation already sent to the database gets its answer.
+	// Waiting acquisitions end with 503 shutting-down; other requests in flight finish, so a
+	// mutation already sent to the database gets its answer.
+	srv.StopWaiting()
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(cmd.Context()), shutdownGrace)
 	defer cancel()
 	if err := hs.Shutdown(ctx); err != nil {
