@@ -109,6 +109,7 @@ func TestRoleBoundaries(t *testing.T) {
 			return call(t, h, b, "POST", "/v1/operations/id-"+strconv.Itoa(ids)+"/resolve", nil, nil)
 		}},
 		op{"info", server.RoleReader, "", func(b string) answer { return call(t, h, b, "GET", "/v1/info", nil, nil) }},
+		op{"metrics", server.RoleReader, "", func(b string) answer { return call(t, h, b, "GET", "/metrics", nil, nil) }},
 		op{"prune", server.RoleAdmin, "", func(b string) answer {
 			return call(t, h, b, "POST", "/v1/operations/prune", nil, mustJSON(t, map[string]any{"age_ms": store.MinPruneAge().Milliseconds()}))
 		}},

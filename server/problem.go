@@ -156,6 +156,9 @@ func writeProblem(w http.ResponseWriter, r *http.Request, p Problem) {
 	if id := w.Header().Get(headerRequestID); id != "" {
 		p.Instance = "urn:fenced:request:" + id
 	}
+	if rec, ok := w.(*recorder); ok {
+		rec.prob = &p
+	}
 	h := w.Header()
 	h.Set("Content-Type", problemContentType)
 	h.Set("Cache-Control", "no-store")

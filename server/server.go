@@ -84,6 +84,7 @@ type Server struct {
 	log   *slog.Logger
 	mux   *http.ServeMux
 
+	metrics  *metrics
 	stopping context.Context // cancelled by StopWaiting
 	stop     context.CancelFunc
 }
@@ -120,7 +121,7 @@ func New(store *fenced.Store, opts *Options) (*Server, error) {
 	if o.MaxWait == 0 {
 		o.MaxWait = DefaultMaxWait
 	}
-	s := &Server{store: store, drv: store.Driver(), opts: o, log: o.Logger, mux: http.NewServeMux()}
+	s := &Server{store: store, drv: store.Driver(), opts: o, log: o.Logger, mux: http.NewServeMux(), metrics: newMetrics()}
 	s.stopping, s.stop = context.WithCancel(context.Background())
 	s.routes()
 	return s, nil
@@ -134,19 +135,25 @@ func (s *Server) routes() {
 		w.Header().Set("Content-Type", "application/json")
 		_, _ = w.Write(OpenAPI)
 	})
-	s.handle("GET /v1/info", RoleReader, s.info)
-	s.handle("PUT /v1/resources/{name}", RoleWorker, s.provision)
-	s.handle("GET /v1/resources/{name}", RoleReader, s.show)
-	s.handle("GET /v1/resources/{name}/payload", RoleReader, s.get)
-	s.handle("POST /v1/resources/{name}/acquire", RoleWorker, s.acquire)
-	s.handle("POST /v1/resources/{name}/renew", RoleWorker, s.renew)
-	s.handle("POST /v1/resources/{name}/publish", RoleWorker, s.publish(false))
-	s.handle("POST /v1/resources/{name}/publish-and-release", RoleWorker, s.publish(true))
-	s.handle("POST /v1/resources/{name}/release", RoleWorker, s.release)
-	s.handle("GET /v1/operations/{id}", RoleReader, s.readOperation)
-	s.handle("POST /v1/operations/{id}/resolve", RoleWorker, s.resolve)
-	s.handle("POST /v1/operations/prune", RoleAdmin, s.prune)
-	s.handle("POST /v1/epoch/bump", RoleAdmin, s.bump)
+	s.handle("GET /v1/info", "info", RoleReader, s.info)
+	s.handle("PUT /v1/resources/{name}", "provision", RoleWorker, s.provision)
+	s.handle("GET /v1/resources/{name}", "show", RoleReader, s.show)
+	s.handle("GET /v1/resources/{name}/payload", "get", RoleReader, s.get)
+	s.handle("POST /v1/resources/{name}/acquire", "acquire", RoleWorker, s.acquire)
+	s.handle("POST /v1/resources/{name}/renew", "renew", RoleWorker, s.renew)
+	s.handle("POST /v1/resources/{name}/publish", "publish", RoleWorker, s.publish(false))
+	s.handle("POST /v1/resources/{name}/publish-and-release", "publish-and-release", RoleWorker, s.publish(true))
+	s.handle("POST /v1/resources/{name}/release", "release", RoleWorker, s.release)
+	s.handle("GET /v1/operations/{id}", "read-operation", RoleReader, s.readOperation)
+	s.handle("POST /v1/operations/{id}/resolve", "resolve", RoleWorker, s.resolve)
+	s.handle("POST /v1/operations/prune", "prune", RoleAdmin, s.prune)
+	s.handle("POST /v1/epoch/bump", "bump-epoch", RoleAdmin, s.bump)
+	s.handle("GET /metrics", "metrics", RoleReader, s.metrics.handler().ServeHTTP)
+	// Probes answer without a token, as orchestrators call them; they reveal no resource.
+	s.mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, r *http.Request) {
+		writeJSON(w, http.StatusOK, map[string]string{"status": "ok"})
+	})
+	s.mux.HandleFunc("GET /readyz", s.ready)
 	s.mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
 		writeProblem(w, r, Problem{Type: TypeNotFound, Status: http.StatusNotFound, Title: "no such operation",
 			Detail: fmt.Sprintf("%s %s is not an operation of this service; see /openapi.json", r.Method, r.URL.Path), Applied: &no})
@@ -157,8 +164,15 @@ type principalKey struct{}
 
 // handle registers h behind request ids and authorisation: the caller needs at least role
 // need, and a route with a resource name needs a token whose prefixes cover it.
-func (s *Server) handle(pattern string, need Role, h http.HandlerFunc) {
-	s.mux.HandleFunc(pattern, func(w http.ResponseWriter, r *http.Request) {
+func (s *Server) handle(pattern, op string, need Role, h http.HandlerFunc) {
+	s.mux.HandleFunc(pattern, func(rw http.ResponseWriter, r *http.Request) {
+		start := time.Now()
+		s.metrics.inflight.Inc()
+		w := &recorder{ResponseWriter: rw}
+		defer func() {
+			s.metrics.inflight.Dec()
+			s.metrics.observe(op, w, time.Since(start))
+		}()
 		w.Header().Set(headerRequestID, rand.Text()[:16])
 		p, prob := s.authenticate(r)
 		if prob != nil {
@@ -442,7 +456,18 @@ func (s *Server) acquireWait(w http.ResponseWriter, r *http.Request, resource st
 	defer context.AfterFunc(s.stopping, func() { cancel(errShuttingDown) })()
 	ctx, cancelWait := context.WithTimeout(ctx, wait)
 	defer cancelWait()
+	s.metrics.waiters.Inc()
+	began := time.Now()
 	l, err := s.store.AcquireWait(ctx, resource, ttl)
+	s.metrics.waiters.Dec()
+	result := "other"
+	switch {
+	case err == nil:
+		result = "granted"
+	case errors.Is(err, fenced.ErrBusy):
+		result = "busy"
+	}
+	s.metrics.waits.WithLabelValues(result).Observe(time.Since(began).Seconds())
 	if err != nil {
 		// Not an unknown outcome: a statement cut short by the shutdown stays unknown.
 		if errors.Is(context.Cause(ctx), errShuttingDown) && !errors.Is(err, fenced.ErrOutcomeUnknown) {
@@ -454,6 +479,24 @@ func (s *Server) acquireWait(w http.ResponseWriter, r *http.Request, resource st
 	}
 	writeJSON(w, http.StatusOK, Lease{Resource: resource, Owner: l.Owner(), Token: l.Token().String(), Epoch: l.Epoch(),
 		Generation: l.Generation(), LeaseUntil: l.LeaseUntil()})
+}
+
+// ready answers 200 when the database answers a read, with its durability warnings.
+func (s *Server) ready(w http.ResponseWriter, r *http.Request) {
+	ctx, cancel := context.WithTimeout(r.Context(), 5*time.Second)
+	defer cancel()
+	if _, err := s.drv.ReadOperation(ctx, "fenced-readyz"); err != nil {
+		s.log.Warn("fenced serve: not ready", "error", err.Error())
+		writeProblem(w, r, Problem{Type: TypeUnavailable, Status: http.StatusServiceUnavailable, Title: "database unavailable",
+			Detail: "the database did not answer a read"})
+		return
+	}
+	ws, err := s.store.CheckDurability(ctx)
+	out := map[string]any{"status": "ready", "durability_warnings": append([]string{}, ws...)}
+	if err != nil {
+		out["durability_error"] = "the database's durability settings could not be read"
+	}
+	writeJSON(w, http.StatusOK, out)
 }
 
 // leaseFor builds a handle on the lease a request names; every check is the database's.

@@ -1,0 +1,108 @@
+package server
+
+import (
+	"net/http"
+	"strings"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+)
+
+// metrics are the service's Prometheus collectors, registered on a registry of the Server's
+// own (so that two Servers in one process do not collide).
+type metrics struct {
+	reg       *prometheus.Registry
+	answers   *prometheus.CounterVec   // operation, outcome: "ok" or the problem type's last word
+	refusals  *prometheus.CounterVec   // cause
+	duration  *prometheus.HistogramVec // operation
+	waits     *prometheus.HistogramVec // result: granted, busy, other
+	waiters   prometheus.Gauge
+	dbErrors  prometheus.Counter
+	unknowns  prometheus.Counter
+	acquired  prometheus.Counter
+	busy      prometheus.Counter
+	inflight  prometheus.Gauge
+	startTime time.Time
+}
+
+func newMetrics() *metrics {
+	m := &metrics{reg: prometheus.NewRegistry(), startTime: time.Now()}
+	m.answers = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "fenced_answers_total",
+		Help: "Answers by operation and outcome (ok, or the problem type: busy, refused, not-provisioned, invalid, outcome-unknown, ...)."},
+		[]string{"operation", "outcome"})
+	m.refusals = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "fenced_refusals_total",
+		Help: "Lease operations the database refused, by cause (advisory, as read after the refusal)."}, []string{"cause"})
+	m.duration = prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "fenced_request_duration_seconds",
+		Help: "Time to answer a request, by operation (waiting acquisitions included).", Buckets: prometheus.ExponentialBuckets(0.0005, 2, 16)},
+		[]string{"operation"})
+	m.waits = prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "fenced_wait_seconds",
+		Help: "Time a waiting acquisition waited, by result (granted, busy, other).", Buckets: prometheus.ExponentialBuckets(0.001, 2, 20)},
+		[]string{"result"})
+	m.waiters = prometheus.NewGauge(prometheus.GaugeOpts{Name: "fenced_waiters", Help: "Acquisitions waiting now."})
+	m.dbErrors = prometheus.NewCounter(prometheus.CounterOpts{Name: "fenced_database_errors_total",
+		Help: "Requests that failed on the database's side (5xx answers)."})
+	m.unknowns = prometheus.NewCounter(prometheus.CounterOpts{Name: "fenced_outcomes_unknown_total",
+		Help: "Mutations whose outcome the service could not learn from its database."})
+	m.acquired = prometheus.NewCounter(prometheus.CounterOpts{Name: "fenced_acquisitions_total", Help: "Leases granted."})
+	m.busy = prometheus.NewCounter(prometheus.CounterOpts{Name: "fenced_busy_total", Help: "Acquisitions answered busy."})
+	m.inflight = prometheus.NewGauge(prometheus.GaugeOpts{Name: "fenced_requests_in_flight", Help: "Requests being answered now."})
+	m.reg.MustRegister(m.answers, m.refusals, m.duration, m.waits, m.waiters, m.dbErrors, m.unknowns, m.acquired, m.busy, m.inflight,
+		prometheus.NewGoCollector(), prometheus.NewProcessCollector(prometheus.ProcessCollectorOpts{}))
+	return m
+}
+
+func (m *metrics) handler() http.Handler {
+	return promhttp.HandlerFor(m.reg, promhttp.HandlerOpts{Registry: m.reg})
+}
+
+// recorder remembers what a handler answered, for the metrics.
+type recorder struct {
+	http.ResponseWriter
+	status int
+	prob   *Problem
+}
+
+func (r *recorder) WriteHeader(status int) {
+	if r.status == 0 {
+		r.status = status
+	}
+	r.ResponseWriter.WriteHeader(status)
+}
+
+func (r *recorder) Write(b []byte) (int, error) {
+	if r.status == 0 {
+		r.status = http.StatusOK
+	}
+	return r.ResponseWriter.Write(b)
+}
+
+// Unwrap lets http.ResponseController and MaxBytesReader reach the connection.
+func (r *recorder) Unwrap() http.ResponseWriter { return r.ResponseWriter }
+
+// observe counts one answer.
+func (m *metrics) observe(op string, rec *recorder, took time.Duration) {
+	outcome := "ok"
+	if rec.prob != nil {
+		outcome = rec.prob.Type[strings.LastIndexByte(rec.prob.Type, ':')+1:]
+		switch rec.prob.Type {
+		case TypeRefused, TypeNotProvisioned:
+			if rec.prob.Cause != "" {
+				m.refusals.WithLabelValues(rec.prob.Cause).Inc()
+			}
+		case TypeBusy:
+			if op == "acquire" {
+				m.busy.Inc()
+			}
+		case TypeOutcomeUnknown:
+			m.unknowns.Inc()
+		}
+		if rec.prob.Status >= 500 {
+			m.dbErrors.Inc()
+		}
+	} else if op == "acquire" && rec.status == http.StatusOK {
+		m.acquired.Inc()
+	}
+	m.answers.WithLabelValues(op, outcome).Inc()
+	m.duration.WithLabelValues(op).Observe(took.Seconds())
+}
