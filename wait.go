@@ -7,6 +7,8 @@ import (
 	"math/rand/v2"
 	"sync"
 	"time"
+
+	"github.com/fenced-dev/fenced/driver"
 )
 
 // Polling bounds of AcquireWait: the first retry after a busy answer comes after at most
@@ -30,6 +32,8 @@ const (
 // Waiters of one resource in one Store are served first come, first served: only the
 // longest-waiting one asks the database, and the next starts when it leaves. Across Stores and
 // processes there is no order: whoever's statement comes first after the lease is free wins.
+// Where the driver can signal freed leases (driver.ReleaseNotifier: PostgreSQL's
+// LISTEN/NOTIFY), a release anywhere wakes the first waiter of every Store at once.
 func (s *Store) AcquireWait(ctx context.Context, resource string, ttl time.Duration) (*Lease, error) {
 	if err := validResource(resource); err != nil {
 		return nil, err
@@ -43,6 +47,17 @@ func (s *Store) AcquireWait(ctx context.Context, resource string, ttl time.Durat
 	case <-w.turn:
 	case <-ctx.Done():
 		return nil, fmt.Errorf("acquire %q: gave up waiting for the waiters before it: %w", resource, ctx.Err())
+	}
+	// Subscribed before the first attempt, so that a release between a busy answer and the
+	// sleep that follows still wakes this waiter.
+	var freed <-chan struct{}
+	if n, ok := s.drv.(driver.ReleaseNotifier); ok {
+		if ch, stop, err := n.NotifyReleased(ctx, resource); err == nil {
+			freed = ch
+			defer stop()
+		} else if s.waits.hook != nil {
+			s.waits.hook("no-signal", 0)
+		}
 	}
 	poll := waitPollMin
 	for {
@@ -64,12 +79,18 @@ func (s *Store) AcquireWait(ctx context.Context, resource string, ttl time.Durat
 		if s.waits.hook != nil {
 			s.waits.hook("sleep", delay)
 		}
+		if s.waits.fixedDelay > 0 {
+			delay = s.waits.fixedDelay
+		}
 		t := time.NewTimer(delay)
 		select {
 		case <-ctx.Done():
 			t.Stop()
 			return nil, fmt.Errorf("%w (gave up waiting: %w)", busy, ctx.Err())
 		case <-w.wake:
+			t.Stop()
+			poll = waitPollMin
+		case <-freed: // the engine's signal: freed somewhere, perhaps in another process
 			t.Stop()
 			poll = waitPollMin
 		case <-t.C:
@@ -84,6 +105,9 @@ type waitQueues struct {
 	queues map[string][]*waiter
 	// hook, set by tests before any waiter, sees "join" and each "sleep" with its delay.
 	hook func(event string, d time.Duration)
+	// fixedDelay, set by tests, replaces every sleep's delay: a waiter that must be woken by a
+	// signal is given one that would outlast the test.
+	fixedDelay time.Duration
 }
 
 type waiter struct {

@@ -2,16 +2,67 @@ package fenced
 
 import (
 	"context"
+	"crypto/rand"
 	"errors"
+	"net/url"
 	"os"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"sync"
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
+
+	"github.com/fenced-dev/fenced/backend/postgres"
 	"github.com/fenced-dev/fenced/backend/sqlite"
 )
+
+// postgresTestSchema returns a URL on a schema of its own, dropped at the end. Without a server
+// it skips loudly, and fails under CI (as drivertest.ServerURL, which this package cannot import).
+func postgresTestSchema(t *testing.T) string {
+	base := os.Getenv("FENCED_TEST_POSTGRES")
+	if base == "" {
+		base = "postgres://postgres@127.0.0.1:5432/postgres?sslmode=disable"
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	conn, err := pgx.Connect(ctx, base)
+	if err != nil {
+		msg := "!!! FENCED_TEST_POSTGRES=" + base + " is not reachable (" + err.Error() + ")"
+		if os.Getenv("CI") == "true" {
+			t.Fatal(msg)
+		}
+		t.Skip(msg)
+	}
+	defer conn.Close(ctx)
+	schema := "fenced_wait_" + strings.ToLower(rand.Text()[:16])
+	if _, err := conn.Exec(ctx, "CREATE SCHEMA "+schema); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		c, err := pgx.Connect(ctx, base)
+		if err != nil {
+			t.Errorf("drop schema: %v", err)
+			return
+		}
+		defer c.Close(ctx)
+		if _, err := c.Exec(ctx, "DROP SCHEMA "+schema+" CASCADE"); err != nil {
+			t.Errorf("drop schema: %v", err)
+		}
+	})
+	u, err := url.Parse(base)
+	if err != nil {
+		t.Fatal(err)
+	}
+	q := u.Query()
+	q.Set("search_path", schema)
+	u.RawQuery = q.Encode()
+	return u.String()
+}
 
 // waitStore opens a store on a new SQLite file, its epoch bumped so that epoch != generation.
 func waitStore(t *testing.T, path string, opts ...sqlite.Option) *Store {
@@ -177,5 +228,81 @@ func TestAcquireWaitGivesUpWithCtx(t *testing.T) {
 	}
 	if _, err := s.AcquireWait(ctx, waitResource, 0); !errors.Is(err, ErrInvalid) {
 		t.Fatalf("AcquireWait with ttl 0: %v", err)
+	}
+}
+
+// TestAcquireWaitWokenByPostgres: the waiter's store and the holder's are separate (as two
+// processes are), and the waiter's every sleep would outlast the test: only the engine's
+// signal of the release (LISTEN/NOTIFY) can wake it.
+func TestAcquireWaitWokenByPostgres(t *testing.T) {
+	url := postgresTestSchema(t)
+	open := func() *Store {
+		d, err := postgres.Open(context.Background(), url)
+		if err != nil {
+			t.Fatal(err)
+		}
+		s, err := New(context.Background(), d, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = s.Close() })
+		return s
+	}
+	holderStore, waiterStore := open(), open()
+	ctx := context.Background()
+	if err := holderStore.Provision(ctx, waitResource); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := holderStore.BumpEpoch(ctx); err != nil {
+		t.Fatal(err)
+	}
+	for _, free := range []string{"release", "publish and release", "epoch bump"} {
+		holder, err := holderStore.Acquire(ctx, waitResource, time.Hour)
+		if err != nil {
+			t.Fatal(err)
+		}
+		slept := make(chan struct{}, 1)
+		waiterStore.waits.fixedDelay = time.Hour
+		waiterStore.waits.hook = func(event string, _ time.Duration) {
+			switch event {
+			case "sleep":
+				select {
+				case slept <- struct{}{}:
+				default:
+				}
+			case "no-signal":
+				t.Error("the waiter could not subscribe to freed leases")
+			}
+		}
+		wctx, cancel := context.WithTimeout(ctx, time.Minute)
+		done := make(chan error, 1)
+		var got *Lease
+		go func() {
+			var err error
+			got, err = waiterStore.AcquireWait(wctx, waitResource, time.Minute)
+			done <- err
+		}()
+		<-slept // busy, and asleep for an hour
+		switch free {
+		case "release":
+			err = holder.Release(ctx)
+		case "publish and release":
+			err = holder.PublishAndRelease(ctx, []byte("done\x00"))
+		default:
+			_, err = holderStore.BumpEpoch(ctx)
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := <-done; err != nil {
+			t.Fatalf("after %s, the waiter: %v", free, err)
+		}
+		cancel()
+		if got.Token().Compare(holder.Token()) <= 0 {
+			t.Fatalf("after %s the waiter got %s, not after %s", free, got.Token(), holder.Token())
+		}
+		if err := got.Release(ctx); err != nil {
+			t.Fatal(err)
+		}
 	}
 }

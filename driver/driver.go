@@ -169,6 +169,17 @@ type DurabilityChecker interface {
 	CheckDurability(ctx context.Context) (warnings []string, err error)
 }
 
+// ReleaseNotifier is implemented by a driver whose engine can signal that a resource's lease
+// may have become free (released, published and released, freed by an epoch bump), so that
+// waiters in other processes need not poll. signal receives a value after each such event
+// that happens after NotifyReleased returned (coalesced; it is never closed), and also when
+// the driver lost its way of listening, so that the waiter checks. A signal is a hint: the
+// waiter still acquires with the conditional statement and may find the resource busy again.
+// stop ends the subscription.
+type ReleaseNotifier interface {
+	NotifyReleased(ctx context.Context, resource string) (signal <-chan struct{}, stop func(), err error)
+}
+
 // Granter is implemented by a driver that can expose the protocol as database routines and
 // grant a role the right to execute them and nothing else on the tables, so that no code
 // connected as that role can bypass the fence.

@@ -110,6 +110,8 @@ type Driver struct {
 	pool  *pgxpool.Pool
 	owned bool
 	mode  atomic.Int32 // modeUnknown until detect has a conclusive answer
+
+	listen listener // NotifyReleased's connection and subscribers (notify.go)
 }
 
 var (
@@ -158,6 +160,7 @@ func (d *Driver) Pool() *pgxpool.Pool { return d.pool }
 
 // Close closes the pool if Open created it.
 func (d *Driver) Close() error {
+	d.stopListening()
 	if d.owned {
 		d.pool.Close()
 	}
