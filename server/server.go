@@ -85,6 +85,7 @@ type Server struct {
 	mux   *http.ServeMux
 
 	metrics  *metrics
+	recent   recent // for the dashboard
 	stopping context.Context // cancelled by StopWaiting
 	stop     context.CancelFunc
 }
@@ -149,6 +150,9 @@ func (s *Server) routes() {
 	s.handle("POST /v1/operations/prune", "prune", RoleAdmin, s.prune)
 	s.handle("POST /v1/epoch/bump", "bump-epoch", RoleAdmin, s.bump)
 	s.handle("GET /metrics", "metrics", RoleReader, s.metrics.handler().ServeHTTP)
+	s.handle("GET /v1/dashboard", "dashboard", RoleReader, s.dashboard)
+	// The page holds no data; its script reads /v1/dashboard with the token typed into it.
+	s.mux.HandleFunc("GET /{$}", s.dashboardPage)
 	// Probes answer without a token, as orchestrators call them; they reveal no resource.
 	s.mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, r *http.Request) {
 		writeJSON(w, http.StatusOK, map[string]string{"status": "ok"})
@@ -172,6 +176,7 @@ func (s *Server) handle(pattern, op string, need Role, h http.HandlerFunc) {
 		defer func() {
 			s.metrics.inflight.Dec()
 			s.metrics.observe(op, w, time.Since(start))
+			s.recent.remember(op, r.PathValue("name"), w)
 		}()
 		w.Header().Set(headerRequestID, rand.Text()[:16])
 		p, prob := s.authenticate(r)
@@ -349,17 +354,21 @@ func (s *Server) show(w http.ResponseWriter, r *http.Request) {
 		s.fail(w, r, err, false)
 		return
 	}
+	writeJSON(w, http.StatusOK, stateJSON(st, r.PathValue("name")))
+}
+
+func stateJSON(st fenced.State, name string) State {
 	out := State{Resource: st.Resource, Token: fenced.Token{Epoch: st.Epoch, Generation: st.Generation}.String(),
 		Epoch: st.Epoch, Generation: st.Generation, Owner: st.Owner, LeaseUntil: st.LeaseUntil, Held: st.Held(),
 		PublishedEpoch: st.PublishedEpoch, PublishedGeneration: st.PublishedGeneration, PublishedAt: st.PublishedAt,
 		SourceVersion: st.SourceVersion, PayloadSize: st.PayloadSize, CurrentEpoch: st.CurrentEpoch, Now: st.Now}
 	if st.Resource == "" {
-		out.Resource = r.PathValue("name")
+		out.Resource = name
 	}
 	if st.PublishedGeneration > 0 {
 		out.PublishedToken = fenced.Token{Epoch: st.PublishedEpoch, Generation: st.PublishedGeneration}.String()
 	}
-	writeJSON(w, http.StatusOK, out)
+	return out
 }
 
 func (s *Server) get(w http.ResponseWriter, r *http.Request) {
