@@ -85,7 +85,7 @@ type Server struct {
 	mux   *http.ServeMux
 
 	metrics  *metrics
-	recent   recent // for the dashboard
+	recent   recent          // for the dashboard
 	stopping context.Context // cancelled by StopWaiting
 	stop     context.CancelFunc
 }
