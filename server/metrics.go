@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 )
 
@@ -48,7 +49,7 @@ func newMetrics() *metrics {
 	m.busy = prometheus.NewCounter(prometheus.CounterOpts{Name: "fenced_busy_total", Help: "Acquisitions answered busy."})
 	m.inflight = prometheus.NewGauge(prometheus.GaugeOpts{Name: "fenced_requests_in_flight", Help: "Requests being answered now."})
 	m.reg.MustRegister(m.answers, m.refusals, m.duration, m.waits, m.waiters, m.dbErrors, m.unknowns, m.acquired, m.busy, m.inflight,
-		prometheus.NewGoCollector(), prometheus.NewProcessCollector(prometheus.ProcessCollectorOpts{}))
+		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m
 }
 

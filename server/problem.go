@@ -71,10 +71,8 @@ type Problem struct {
 	RecordedIncarnation string `json:"recorded_incarnation,omitempty"`
 }
 
-var (
-	yes = true
-	no  = false
-)
+// no is the value of Problem.Applied when nothing changed.
+var no = false
 
 // problemFor maps an error from the store or the driver to its problem. It is the one place
 // that decides statuses. mutation says whether the request could have changed the database,

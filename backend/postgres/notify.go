@@ -68,7 +68,8 @@ func (d *Driver) startListening(ctx context.Context) error {
 		return fmt.Errorf("listen for freed leases: %w", classify(err))
 	}
 	var schema string
-	if err := conn.QueryRow(ctx, sqlSchema).Scan(&schema); err == nil {
+	err = conn.QueryRow(ctx, sqlSchema).Scan(&schema)
+	if err == nil {
 		_, err = conn.Exec(ctx, sqlListen)
 	}
 	if err != nil {
