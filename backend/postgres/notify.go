@@ -30,6 +30,7 @@ type listener struct {
 	running bool
 	cancel  context.CancelFunc
 	done    chan struct{}
+	pid     uint32 // the listening session's, for tests
 }
 
 // NotifyReleased subscribes to the freeing of resource's lease (see driver.ReleaseNotifier).
@@ -78,7 +79,7 @@ func (d *Driver) startListening(ctx context.Context) error {
 	}
 	lctx, cancel := context.WithCancel(context.Background())
 	l := &d.listen
-	l.running, l.cancel, l.done = true, cancel, make(chan struct{})
+	l.running, l.cancel, l.done, l.pid = true, cancel, make(chan struct{}), conn.PgConn().PID()
 	go d.listenLoop(lctx, conn, schema, l.done)
 	return nil
 }
