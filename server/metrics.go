@@ -3,6 +3,7 @@ package server
 import (
 	"net/http"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -24,11 +25,15 @@ type metrics struct {
 	acquired  prometheus.Counter
 	busy      prometheus.Counter
 	inflight  prometheus.Gauge
+	handover  prometheus.Histogram
 	startTime time.Time
+
+	mu    sync.Mutex
+	freed map[string]time.Time // when this service last freed each resource's lease
 }
 
 func newMetrics() *metrics {
-	m := &metrics{reg: prometheus.NewRegistry(), startTime: time.Now()}
+	m := &metrics{reg: prometheus.NewRegistry(), startTime: time.Now(), freed: map[string]time.Time{}}
 	m.answers = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "fenced_answers_total",
 		Help: "Answers by operation and outcome (ok, or the problem type: busy, refused, not-provisioned, invalid, outcome-unknown, ...)."},
 		[]string{"operation", "outcome"})
@@ -47,8 +52,11 @@ func newMetrics() *metrics {
 		Help: "Mutations whose outcome the service could not learn from its database."})
 	m.acquired = prometheus.NewCounter(prometheus.CounterOpts{Name: "fenced_acquisitions_total", Help: "Leases granted."})
 	m.busy = prometheus.NewCounter(prometheus.CounterOpts{Name: "fenced_busy_total", Help: "Acquisitions answered busy."})
+	m.handover = prometheus.NewHistogram(prometheus.HistogramOpts{Name: "fenced_handover_seconds",
+		Help:    "From a lease freed through this service (release, publish and release) to the grant of a waiting acquisition of the same resource.",
+		Buckets: prometheus.ExponentialBuckets(0.0001, 2, 20)})
 	m.inflight = prometheus.NewGauge(prometheus.GaugeOpts{Name: "fenced_requests_in_flight", Help: "Requests being answered now."})
-	m.reg.MustRegister(m.answers, m.refusals, m.duration, m.waits, m.waiters, m.dbErrors, m.unknowns, m.acquired, m.busy, m.inflight,
+	m.reg.MustRegister(m.answers, m.refusals, m.duration, m.waits, m.waiters, m.dbErrors, m.unknowns, m.acquired, m.busy, m.inflight, m.handover,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m
 }
@@ -106,4 +114,26 @@ func (m *metrics) observe(op string, rec *recorder, took time.Duration) {
 	}
 	m.answers.WithLabelValues(op, outcome).Inc()
 	m.duration.WithLabelValues(op).Observe(took.Seconds())
+}
+
+// released notes that this service freed resource's lease (bounded: an entry is dropped when
+// a waiter takes it, and the map is cleared if it grows past maxSeen).
+func (m *metrics) released(resource string) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if len(m.freed) >= maxSeen {
+		clear(m.freed)
+	}
+	m.freed[resource] = time.Now()
+}
+
+// granted observes the handover to a waiter, if this service freed the lease it got.
+func (m *metrics) granted(resource string) {
+	m.mu.Lock()
+	at, ok := m.freed[resource]
+	delete(m.freed, resource)
+	m.mu.Unlock()
+	if ok {
+		m.handover.Observe(time.Since(at).Seconds())
+	}
 }

@@ -174,9 +174,16 @@ func (s *Server) handle(pattern, op string, need Role, h http.HandlerFunc) {
 		s.metrics.inflight.Inc()
 		w := &recorder{ResponseWriter: rw}
 		defer func() {
+			took := time.Since(start)
 			s.metrics.inflight.Dec()
-			s.metrics.observe(op, w, time.Since(start))
+			s.metrics.observe(op, w, took)
 			s.recent.remember(op, r.PathValue("name"), w)
+			outcome := "ok"
+			if w.prob != nil {
+				outcome = w.prob.Type
+			}
+			s.log.Debug("fenced serve: request", "request_id", w.Header().Get(headerRequestID), "operation", op,
+				"path", r.URL.EscapedPath(), "status", w.status, "outcome", outcome, "duration", took)
 		}()
 		w.Header().Set(headerRequestID, rand.Text()[:16])
 		p, prob := s.authenticate(r)
@@ -477,6 +484,9 @@ func (s *Server) acquireWait(w http.ResponseWriter, r *http.Request, resource st
 		result = "busy"
 	}
 	s.metrics.waits.WithLabelValues(result).Observe(time.Since(began).Seconds())
+	if err == nil {
+		s.metrics.granted(resource)
+	}
 	if err != nil {
 		// Not an unknown outcome: a statement cut short by the shutdown stays unknown.
 		if errors.Is(context.Cause(ctx), errShuttingDown) && !errors.Is(err, fenced.ErrOutcomeUnknown) {
@@ -577,7 +587,9 @@ func (s *Server) publish(release bool) http.HandlerFunc {
 		ctx, cancel := s.mutationContext(r)
 		defer cancel()
 		if release {
-			err = l.PublishAndRelease(ctx, payload, opts...)
+			if err = l.PublishAndRelease(ctx, payload, opts...); err == nil {
+				s.metrics.released(l.Resource())
+			}
 		} else {
 			err = l.Publish(ctx, payload, opts...)
 		}
@@ -611,6 +623,7 @@ func (s *Server) release(w http.ResponseWriter, r *http.Request) {
 		s.fail(w, r, err, true)
 		return
 	}
+	s.metrics.released(l.Resource())
 	w.WriteHeader(http.StatusNoContent)
 }
 

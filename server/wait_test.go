@@ -3,6 +3,7 @@ package server_test
 import (
 	"context"
 	"encoding/json"
+	"strings"
 	"testing"
 
 	"github.com/fenced-dev/fenced/driver"
@@ -80,6 +81,9 @@ func TestAcquireWaitThroughService(t *testing.T) {
 	var next server.Lease
 	if a.status != 200 || json.Unmarshal(a.body, &next) != nil || next.Generation != holder.Generation+1 || next.Owner == "" {
 		t.Fatalf("the waiter: %d %s", a.status, a.body)
+	}
+	if m := call(t, h, "", "GET", "/metrics", nil, nil); !strings.Contains(string(m.body), "fenced_handover_seconds_count 1\n") {
+		t.Errorf("the handover through the service is not in the metrics:\n%s", m.body)
 	}
 
 	// A shutdown ends a wait with 503 and Retry-After.

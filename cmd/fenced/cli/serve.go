@@ -29,7 +29,7 @@ var serveHooks struct {
 
 type serveFlags struct {
 	listen, tokens, cert, key string
-	insecure                  bool
+	insecure, logRequests     bool
 }
 
 func (a *app) serveCmd() *cobra.Command {
@@ -57,6 +57,7 @@ The first line on stdout is {"listening": URL} once the service accepts connecti
 	cmd.Flags().StringVar(&f.cert, "tls-cert", "", "TLS certificate file (PEM), with --tls-key")
 	cmd.Flags().StringVar(&f.key, "tls-key", "", "TLS private key file (PEM), with --tls-cert")
 	cmd.Flags().BoolVar(&f.insecure, "insecure", false, "allow plain HTTP on an address beyond loopback")
+	cmd.Flags().BoolVar(&f.logRequests, "log-requests", false, "log every request (request id, operation, status, outcome, duration) on stderr; failures are always logged")
 	return cmd
 }
 
@@ -84,7 +85,11 @@ func (a *app) serve(cmd *cobra.Command, f serveFlags) error {
 	if db := a.dbURL(cmd); strings.HasPrefix(db, "http://") || strings.HasPrefix(db, "https://") {
 		return usagef("serve needs a database URL, not another fenced service")
 	}
-	opts := &server.Options{Logger: slog.New(slog.NewTextHandler(a.stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))}
+	level := slog.LevelWarn
+	if f.logRequests {
+		level = slog.LevelDebug
+	}
+	opts := &server.Options{Logger: slog.New(slog.NewTextHandler(a.stderr, &slog.HandlerOptions{Level: level}))}
 	if f.tokens != "" {
 		file, err := os.Open(f.tokens)
 		if err != nil {

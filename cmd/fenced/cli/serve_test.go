@@ -198,7 +198,7 @@ func TestServeTLSAndTokens(t *testing.T) {
 	if err := os.WriteFile(tokens, []byte(tok.Line+"\n"), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	s := startService(t, "--db", tg.url, "--tokens", tokens, "--tls-cert", certFile, "--tls-key", keyFile)
+	s := startService(t, "--db", tg.url, "--tokens", tokens, "--tls-cert", certFile, "--tls-key", keyFile, "--log-requests")
 	if !strings.HasPrefix(s.url, "https://") {
 		t.Fatalf("service URL %s", s.url)
 	}
@@ -212,6 +212,11 @@ func TestServeTLSAndTokens(t *testing.T) {
 	}
 	if err := store.Provision(context.Background(), "other"); err == nil {
 		t.Fatal("a worker for builds/ provisioned other")
+	}
+	for _, want := range []string{"operation=provision", "status=204", "outcome=urn:fenced:problem:forbidden", "request_id="} {
+		if !strings.Contains(s.stderr.String(), want) {
+			t.Errorf("the request log lacks %q:\n%s", want, s.stderr.String())
+		}
 	}
 	noToken, err := fenced.New(context.Background(), mustRemote(t, s.url, &remote.Options{TLS: &tls.Config{RootCAs: pool}}), &fenced.Config{SkipMigrate: true})
 	if err == nil {
