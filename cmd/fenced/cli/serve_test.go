@@ -278,3 +278,17 @@ func selfSigned(t *testing.T, dir string) (certFile, keyFile string, pool *x509.
 	pool.AddCert(cert)
 	return certFile, keyFile, pool
 }
+
+// TestTortureThroughService: fenced torture's workers reach their database only through a
+// fenced serve over SQLite; with pauses, kill -9 and dropped replies (between worker and
+// service) the checker finds no violation. (The clock and row-lock faults act on the
+// database itself and are not implemented through a service.)
+func TestTortureThroughService(t *testing.T) {
+	dir := t.TempDir()
+	s := startService(t, "--db", "sqlite:"+filepath.Join(dir, "torture.db"))
+	code, out := runTorture(t, s.url, "--faults", "pause,kill,drop-reply")
+	if code != 0 || !strings.Contains(out, "RESULT: no violations found\n") {
+		t.Fatalf("fenced torture through the service: exit %d, want 0 and no violations", code)
+	}
+	checkTortured(t, out, "pause", "kill", "drop-reply")
+}
