@@ -23,7 +23,7 @@ import (
 
 // backing is the database behind a test service.
 type backing struct {
-	open     func(t *testing.T) driver.Driver // a new driver on the store
+	open     func(t testing.TB) driver.Driver // a new driver on the store
 	expire   func(ctx context.Context, resource string) error
 	setEpoch func(ctx context.Context, epoch int64) error
 	lose     func(ctx context.Context) error // destroy the store; the next open starts anew
@@ -60,9 +60,9 @@ func remoteTarget(t *testing.T, b backing) drivertest.Target {
 	}
 }
 
-func sqliteBacking(t *testing.T) backing {
+func sqliteBacking(t testing.TB) backing {
 	path := filepath.Join(t.TempDir(), "fenced.db")
-	open := func(t *testing.T) driver.Driver {
+	open := func(t testing.TB) driver.Driver {
 		d, err := sqlite.Open(path)
 		if err != nil {
 			t.Fatal(err)
@@ -112,7 +112,7 @@ func pingPostgres(rawURL string) error {
 }
 
 // postgresBacking gives the test a schema of its own, dropped at the end.
-func postgresBacking(t *testing.T) backing {
+func postgresBacking(t testing.TB) backing {
 	base := drivertest.ServerURL(t, "FENCED_TEST_POSTGRES", defaultPostgresURL, pingPostgres)
 	schema := pgx.Identifier{"fenced_srv_" + strings.ToLower(rand.Text()[:16])}.Sanitize()
 	admin, err := pgx.Connect(testCtx(t), base)
@@ -139,7 +139,7 @@ func postgresBacking(t *testing.T) backing {
 	u.RawQuery = q.Encode()
 	rawURL := u.String()
 	return backing{
-		open: func(t *testing.T) driver.Driver {
+		open: func(t testing.TB) driver.Driver {
 			d, err := postgres.Open(testCtx(t), rawURL)
 			if err != nil {
 				t.Fatal(err)

@@ -68,7 +68,14 @@ type harness struct {
 
 // startServer serves store with opts; every request and response is validated against the
 // OpenAPI document, and a mismatch fails t.
-func startServer(t *testing.T, store *fenced.Store, opts *server.Options) *harness {
+func startServer(t testing.TB, store *fenced.Store, opts *server.Options) *harness {
+	t.Helper()
+	return startServerWith(t, store, opts, true)
+}
+
+// startServerWith starts the service, validating against the document only when validate is
+// set (benchmarks measure the service alone).
+func startServerWith(t testing.TB, store *fenced.Store, opts *server.Options, validate bool) *harness {
 	t.Helper()
 	h := &harness{}
 	h.serve(t, store, opts)
@@ -79,6 +86,10 @@ func startServer(t *testing.T, store *fenced.Store, opts *server.Options) *harne
 	}
 	h.addr = ln.Addr().String()
 	srv := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if !validate {
+			(*h.handler.Load()).ServeHTTP(w, r)
+			return
+		}
 		validating(t, d, *h.handler.Load(), &h.checked).ServeHTTP(w, r)
 	})}
 	done := make(chan struct{})
@@ -100,7 +111,7 @@ func startServer(t *testing.T, store *fenced.Store, opts *server.Options) *harne
 }
 
 // serve makes store the one the service answers from.
-func (h *harness) serve(t *testing.T, store *fenced.Store, opts *server.Options) {
+func (h *harness) serve(t testing.TB, store *fenced.Store, opts *server.Options) {
 	t.Helper()
 	s, err := server.New(store, opts)
 	if err != nil {
@@ -113,7 +124,7 @@ func (h *harness) serve(t *testing.T, store *fenced.Store, opts *server.Options)
 func (h *harness) url() string { return "http://" + h.addr }
 
 // client opens a remote driver on the service at addr (the server's, or a proxy's).
-func client(t *testing.T, addr, bearer string) *remote.Driver {
+func client(t testing.TB, addr, bearer string) *remote.Driver {
 	t.Helper()
 	d, err := remote.Open("http://"+addr, &remote.Options{BearerToken: bearer})
 	if err != nil {
@@ -125,7 +136,7 @@ func client(t *testing.T, addr, bearer string) *remote.Driver {
 
 // validating records next's answer, checks request and answer against the document, then
 // passes the answer on.
-func validating(t *testing.T, d *openapi3.T, next http.Handler, checked *atomic.Int64) http.Handler {
+func validating(t testing.TB, d *openapi3.T, next http.Handler, checked *atomic.Int64) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		body, err := io.ReadAll(r.Body)
 		if err != nil {
@@ -178,7 +189,7 @@ func validating(t *testing.T, d *openapi3.T, next http.Handler, checked *atomic.
 }
 
 // newStore opens a fenced store over drv for the service.
-func newStore(t *testing.T, drv driver.Driver) *fenced.Store {
+func newStore(t testing.TB, drv driver.Driver) *fenced.Store {
 	t.Helper()
 	s, err := fenced.New(testCtx(t), drv, &fenced.Config{MaxPayloadBytes: 1 << 20})
 	if err != nil {

@@ -88,7 +88,7 @@ func sqliteService(t *testing.T, opts *server.Options) (*harness, *fenced.Store)
 }
 
 // remoteStore is a fenced store whose driver speaks to h.
-func remoteStore(t *testing.T, h *harness, bearer string) *fenced.Store {
+func remoteStore(t testing.TB, h *harness, bearer string) *fenced.Store {
 	t.Helper()
 	s, err := fenced.New(testCtx(t), client(t, h.addr, bearer), nil)
 	if err != nil {
