@@ -14,6 +14,9 @@
 //
 // Go's transport retries a request on a reused connection only when it knows nothing was
 // written; mutations carry no Idempotency-Key header, so it never replays one that was.
+//
+// The package has no server of its own to test against; its tests, the conformance suite run
+// through a service included, live in the server module (server/*_test.go).
 package remote
 
 import (
