@@ -16,11 +16,11 @@ import (
 const (
 	TypeInvalid               = "urn:fenced:problem:invalid"             // 400: nothing was sent to the database
 	TypeUnauthenticated       = "urn:fenced:problem:unauthenticated"     // 401
-	TypeForbidden             = "urn:fenced:problem:forbidden"           // 403
+	TypeForbidden             = "urn:fenced:problem:forbidden"           // 403: by this service's tokens
+	TypePermissionDenied      = "urn:fenced:problem:permission-denied"   // 403: by the database, to the service's role
 	TypeNotProvisioned        = "urn:fenced:problem:not-provisioned"     // 404
 	TypeNothingPublished      = "urn:fenced:problem:nothing-published"   // 404
 	TypeNotFound              = "urn:fenced:problem:not-found"           // 404: no such route
-	TypeMethodNotAllowed      = "urn:fenced:problem:method-not-allowed"  // 405
 	TypeBusy                  = "urn:fenced:problem:busy"                // 409
 	TypeRefused               = "urn:fenced:problem:refused"             // 412: the lease presented is not current
 	TypeTooLarge              = "urn:fenced:problem:too-large"           // 413
@@ -66,6 +66,10 @@ type Problem struct {
 	OpID  string `json:"op_id,omitempty"`
 	Owner string `json:"owner,omitempty"`
 
+	// TypePermissionDenied: the database role the service connects as, and what it may not do.
+	Role      string `json:"role,omitempty"`
+	Operation string `json:"operation,omitempty"`
+
 	// TypeIncarnationChanged
 	ServerIncarnation   string `json:"server_incarnation,omitempty"`
 	RecordedIncarnation string `json:"recorded_incarnation,omitempty"`
@@ -86,11 +90,15 @@ func problemFor(err error, mutation bool) Problem {
 		ref    *fenced.RefusedError
 		inc    *driver.IncarnationError
 		unk    *fenced.OutcomeUnknownError
+		denied *driver.PermissionError
 	)
 	switch {
 	case errors.As(err, &tooBig):
 		return Problem{Type: TypeTooLarge, Status: http.StatusRequestEntityTooLarge, Title: "request too large",
 			Detail: "the request body is larger than " + strconv.FormatInt(tooBig.Limit, 10) + " bytes", Applied: &no}
+	case errors.As(err, &denied):
+		return Problem{Type: TypePermissionDenied, Status: http.StatusForbidden, Title: "the database refused the operation to the service's role",
+			Detail: denied.Error(), Role: denied.Role, Operation: denied.Operation, Resource: denied.Resource, Applied: &no}
 	case errors.As(err, &inv):
 		return Problem{Type: TypeInvalid, Status: http.StatusBadRequest, Title: "invalid request",
 			Detail: err.Error(), Argument: inv.Arg, Applied: &no}

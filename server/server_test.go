@@ -290,6 +290,11 @@ func TestDatabaseFailuresThroughService(t *testing.T) {
 	if err := l.Publish(testCtx(t), []byte("a")); !errors.Is(err, fenced.ErrReadOnly) || errors.Is(err, fenced.ErrOutcomeUnknown) {
 		t.Fatalf("publish on a read-only database: %v, want read-only", err)
 	}
+	fail(&driver.PermissionError{Role: "fenced_ci", Operation: "publish", Resource: "r", Err: errors.New("permission denied for function")}, false)
+	err = l.Publish(testCtx(t), []byte("a"))
+	if !errors.Is(err, fenced.ErrPermissionDenied) || !errors.Is(err, driver.ErrNotApplied) || errors.Is(err, fenced.ErrOutcomeUnknown) {
+		t.Fatalf("publish the database refused to the service's role: %v, want permission denied", err)
+	}
 	fail(errors.New("connection reset by peer"), true) // committed, then the answer was lost
 	err = l.Publish(testCtx(t), []byte("committed\x00"), fenced.WithOpID("op-lost-at-the-server"))
 	var unk *fenced.OutcomeUnknownError

@@ -47,6 +47,7 @@ const (
 	typeNothingPublished   = "urn:fenced:problem:nothing-published"
 	typeReadOnly           = "urn:fenced:problem:read-only"
 	typeIncarnationChanged = "urn:fenced:problem:incarnation-changed"
+	typePermissionDenied   = "urn:fenced:problem:permission-denied"
 )
 
 // Options configures Open. Nil means the defaults.
@@ -141,6 +142,9 @@ type problem struct {
 	Generation          int64     `json:"generation"`
 	LeaseUntil          time.Time `json:"lease_until"`
 	ServerIncarnation   string    `json:"server_incarnation"`
+	Role                string    `json:"role"`
+	Operation           string    `json:"operation"`
+	Resource            string    `json:"resource"`
 	RecordedIncarnation string    `json:"recorded_incarnation"`
 }
 
@@ -175,6 +179,8 @@ func (r *reply) mutationErr(op string) error {
 		return driver.ReadOnly(err)
 	case typeIncarnationChanged:
 		return driver.NotApplied(&driver.IncarnationError{Server: r.prob.ServerIncarnation, Recorded: r.prob.RecordedIncarnation})
+	case typePermissionDenied:
+		return &driver.PermissionError{Role: r.prob.Role, Operation: r.prob.Operation, Resource: r.prob.Resource, Err: err}
 	}
 	if r.prob.Applied != nil && !*r.prob.Applied {
 		return driver.NotApplied(err)
