@@ -21,7 +21,10 @@ const (
 
 // AcquireWait is Acquire that waits while the resource is busy: it returns the lease once an
 // acquisition is granted, or the first error other than busy, or, when ctx ends first, an
-// error matching both ErrBusy (the last *BusyError) and ctx's error.
+// error matching both ErrBusy (the last *BusyError) and ctx's error. ctx ends the waiting
+// between attempts; an attempt already sent runs to its answer (for at most
+// Config.ReleaseTimeout), so a wait that ends never leaves an acquisition's outcome unknown,
+// and a grant that arrives just after ctx ended is returned.
 //
 // Each attempt is Acquire's one conditional statement; nothing is decided in Go. Between
 // attempts the waiter sleeps with a capped, jittered back-off, and never past the moment the
@@ -60,18 +63,32 @@ func (s *Store) AcquireWait(ctx context.Context, resource string, ttl time.Durat
 		}
 	}
 	poll := waitPollMin
+	attemptTimeout := s.cfg.ReleaseTimeout
+	if attemptTimeout == 0 {
+		attemptTimeout = DefaultReleaseTimeout
+	}
+	if err := ctx.Err(); err != nil {
+		return nil, fmt.Errorf("acquire %q: not sent: %w", resource, err)
+	}
 	for {
-		l, err := s.Acquire(ctx, resource, ttl)
+		// ctx bounds the waiting, not an attempt: one that has been sent finishes (for at most
+		// Config.ReleaseTimeout), so that the end of a wait makes no outcome unknown.
+		// The read that times the retry is detached too: a statement cut short by ctx is not
+		// needed, and cancelling one can disturb the connection it ran on.
+		actx, cancel := context.WithTimeout(context.WithoutCancel(ctx), attemptTimeout)
+		l, err := s.Acquire(actx, resource, ttl)
 		var busy *BusyError
 		if !errors.As(err, &busy) {
+			cancel()
 			return l, err
 		}
 		delay := poll
-		if st, rerr := s.Show(ctx, resource); rerr == nil && st.Held() {
+		if st, rerr := s.Show(actx, resource); rerr == nil && st.Held() {
 			if left := st.LeaseUntil.Sub(st.Now); left < delay {
 				delay = max(left, 0)
 			}
 		}
+		cancel()
 		// Jitter within the lower half, so that waiters of several processes spread out; the
 		// lease's end is never overshot.
 		delay -= rand.N(delay/2 + 1)
