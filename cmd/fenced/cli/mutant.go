@@ -64,7 +64,7 @@ RETURNING lease_until`, ttl.Microseconds(), l.Resource, l.Owner, l.Epoch, l.Gene
 type busyMutant struct{ driver.Driver }
 
 func (m *busyMutant) Acquire(ctx context.Context, resource, owner string, ttl time.Duration) (driver.Grant, error) {
-	st, err := m.Driver.Read(ctx, resource)
+	st, err := m.Read(ctx, resource)
 	if err != nil {
 		return driver.Grant{}, err
 	}
