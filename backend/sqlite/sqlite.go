@@ -278,9 +278,15 @@ func (d *Driver) Acquire(ctx context.Context, resource, owner string, ttl time.D
 	}
 	if !ok {
 		// Refused; reading the row only explains why. It is embedded, so this costs microseconds.
+		// The refusal is certain (the transaction committed and the statement returned no row),
+		// so a read that fails, for instance because ctx ended meanwhile, leaves it not applied:
+		// never an unknown outcome.
 		st, err := d.Read(ctx, resource)
-		if err != nil {
+		if errors.Is(err, driver.ErrNotFound) {
 			return driver.Grant{}, err
+		}
+		if err != nil {
+			return driver.Grant{}, driver.NotApplied(fmt.Errorf("acquisition refused; reading the lease that refused it: %w", err))
 		}
 		return driver.Grant{}, &driver.BusyError{Epoch: st.Epoch, Generation: st.Generation, LeaseUntil: st.LeaseUntil}
 	}
