@@ -112,6 +112,10 @@ type Driver struct {
 	mode  atomic.Int32 // modeUnknown until detect has a conclusive answer
 
 	listen listener // NotifyReleased's connection and subscribers (notify.go)
+
+	// beforeLostRaceRead, when set by a test, runs between a refused acquisition and the read
+	// that names the winner.
+	beforeLostRaceRead func()
 }
 
 var (
@@ -477,10 +481,18 @@ func (d *Driver) Acquire(ctx context.Context, resource, owner string, ttl time.D
 	}
 	if seenFree {
 		// Refused after waiting on a concurrent acquisition: the statement's snapshot predates
-		// the winner, so read the row again to name the holder.
+		// the winner, so read the row again to name the holder. The refusal is certain (the
+		// statement returned acquired = false), so a read that fails, for instance because ctx
+		// ended meanwhile, leaves it not applied: never an unknown outcome.
+		if d.beforeLostRaceRead != nil {
+			d.beforeLostRaceRead()
+		}
 		st, err := d.Read(ctx, resource)
-		if err != nil {
+		if errors.Is(err, driver.ErrNotFound) {
 			return driver.Grant{}, err
+		}
+		if err != nil {
+			return driver.Grant{}, driver.NotApplied(fmt.Errorf("acquisition refused; reading the lease that refused it: %w", err))
 		}
 		return driver.Grant{}, &driver.BusyError{Epoch: st.Epoch, Generation: st.Generation, LeaseUntil: st.LeaseUntil}
 	}

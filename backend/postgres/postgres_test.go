@@ -548,3 +548,55 @@ func TestAcquireLosingAfterLockWaitNamesWinner(t *testing.T) {
 		})
 	}
 }
+
+// TestAcquireLosingThenReadFails: the loser's statement is refused after the lock wait and the
+// reply to the read that would name the winner is lost. The refusal is certain, so the error
+// must be not applied, never an unknown outcome (which a caller would have to resolve).
+func TestAcquireLosingThenReadFails(t *testing.T) {
+	ctx := testCtx(t)
+	rawURL := testSchema(t, nil)
+	admin := openDriver(t, rawURL)
+	if err := admin.Migrate(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := admin.Provision(ctx, "r é"); err != nil {
+		t.Fatal(err)
+	}
+	drv, arm := lossyDriver(t, rawURL)
+	d := drv.(*Driver)
+	if _, err := d.Read(ctx, "r é"); err != nil { // prepares the read, so that arm loses its execution
+		t.Fatal(err)
+	}
+	winner, err := pgx.Connect(ctx, rawURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer winner.Close(context.Background())
+	tx, err := winner.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = tx.Rollback(context.Background()) }()
+	var (
+		dummy      bool
+		epoch, gen int64
+		until      pgtype.Timestamptz
+	)
+	if err := tx.QueryRow(ctx, sqlAcquire, "r é", "winner", time.Minute.Microseconds()).Scan(&dummy, &epoch, &gen, &until, &dummy); err != nil {
+		t.Fatal(err)
+	}
+	d.beforeLostRaceRead = arm // the reply to the read after the refusal is lost
+	done := make(chan error, 1)
+	go func() {
+		_, err := d.Acquire(ctx, "r é", "loser", time.Minute)
+		done <- err
+	}()
+	waitBlockedBy(t, ctx, winner.PgConn().PID(), done)
+	if err := tx.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	err = <-done
+	if err == nil || !errors.Is(err, driver.ErrNotApplied) {
+		t.Fatalf("losing acquisition whose read failed: %v; want not applied", err)
+	}
+}
