@@ -12,11 +12,13 @@
 //
 //	resource | generation | lease owner | lease until | published generation | payload | published at
 //
-// Every operation is a single conditional statement that the database evaluates:
+// Every operation is decided by a single conditional statement that the database evaluates (some
+// backends first lock the row in the same transaction, or commit several operations in one
+// transaction, each still its own statement; see the backends' package docs):
 //
 //   - Acquire increments the generation and installs a fresh random owner, with an expiry of
-//     database-now + ttl, only where the lease is free or expired. The new generation is the
-//     fencing token: every acquisition of a resource gets a larger one.
+//     database-now + ttl, only where the lease is free or expired. The fencing token is
+//     (epoch, generation): every acquisition of a resource gets a larger one.
 //   - Publish stores the payload only where the generation and owner still match, the lease has
 //     not expired by the database's clock, and this generation has not published before.
 //   - Renew extends the expiry only where generation and owner match and the lease has not
@@ -30,7 +32,8 @@
 //
 // # Clocks
 //
-// Expiry is judged by the database's clock alone, read when each statement executes. A client
+// Expiry is judged by the database's clock alone, read by the database while the statement
+// executes (the README's table says at which moment, per backend). A client
 // never compares its clock with a database time. Separately, a holder keeps a trust window on its
 // own monotonic clock (from the moment it sent the acquire request, ttl minus a safety margin)
 // and stops work when it closes (Lease.Done), before the database would let anyone else in.

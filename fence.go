@@ -18,9 +18,10 @@ type Fencer interface {
 }
 
 // Fence installs the lease's token at each destination, in order, right after acquisition and
-// before the work starts. This closes the gap a high-water mark leaves on its own: a new holder
+// before the work starts. This narrows the gap a high-water mark leaves on its own: a new holder
 // that has not written yet would otherwise leave its destinations accepting the previous
-// holder's delayed writes. It stops at the first destination that cannot be fenced and returns
+// holder's delayed writes. A delayed write that lands between the acquisition and the moment
+// Fence returns is still accepted (README, the table of destinations). It stops at the first destination that cannot be fenced and returns
 // its error; destinations fenced before it keep the new token, which is harmless since it is
 // this lease's. Fence does not check the lease's trust window: a fence is only ever raised.
 func (l *Lease) Fence(ctx context.Context, dests ...Fencer) error {

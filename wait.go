@@ -23,8 +23,11 @@ const (
 // acquisition is granted, or the first error other than busy, or, when ctx ends first, an
 // error matching both ErrBusy (the last *BusyError) and ctx's error. ctx ends the waiting
 // between attempts; an attempt already sent runs to its answer (for at most
-// Config.ReleaseTimeout), so a wait that ends never leaves an acquisition's outcome unknown,
-// and a grant that arrives just after ctx ended is returned.
+// Config.ReleaseTimeout), so the end of ctx does not by itself make an acquisition's outcome
+// unknown, and a grant that arrives just after ctx ended is returned. An attempt can still end
+// with an unknown outcome of its own (a lost reply, or ReleaseTimeout reached). The tests end
+// ctx only between attempts (TestAcquireWaitGivesUpWithCtx); ctx ending mid-attempt is not
+// forced by a test.
 //
 // Each attempt is Acquire's one conditional statement; nothing is decided in Go. Between
 // attempts the waiter sleeps with a capped, jittered back-off, and never past the moment the
@@ -36,7 +39,8 @@ const (
 // longest-waiting one asks the database, and the next starts when it leaves. Across Stores and
 // processes there is no order: whoever's statement comes first after the lease is free wins.
 // Where the driver can signal freed leases (driver.ReleaseNotifier: PostgreSQL's
-// LISTEN/NOTIFY), a release anywhere wakes the first waiter of every Store at once.
+// LISTEN/NOTIFY), a release anywhere wakes the first waiter of every Store at once, while the
+// Store's listening connection is up; without it, the waiters fall back to the polling above.
 func (s *Store) AcquireWait(ctx context.Context, resource string, ttl time.Duration) (*Lease, error) {
 	if err := validResource(resource); err != nil {
 		return nil, err

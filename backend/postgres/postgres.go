@@ -2,8 +2,9 @@
 //
 // # Statements and routines
 //
-// Every operation is one statement (sql.go), also installed by Migrate as a PL/pgSQL function
-// whose body is that statement: fenced_acquire, fenced_publish, fenced_resolve and so on. The
+// Every operation is decided by one statement (sql.go; a renewal or a publication first locks
+// the row, see below), also installed by Migrate as a PL/pgSQL function whose body is that
+// statement (after the lock): fenced_acquire, fenced_publish, fenced_resolve and so on. The
 // functions are SECURITY DEFINER, owned by the user that migrated, with the search path fixed
 // to the schema they were created in (and pg_temp last), and their EXECUTE right is revoked
 // from PUBLIC. Grant then takes every right on the tables away from PUBLIC and from a role and

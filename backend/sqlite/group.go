@@ -30,7 +30,9 @@ import (
 // following statement would run in autocommit mode, outside the group.
 //
 // A failed COMMIT fails every operation that succeeded in the group: as not applied when SQLite
-// certainly rolled back (classify), otherwise with an unknown outcome. An operation alone in the
+// certainly rolled back (classify), otherwise with an unknown outcome. TestGroupFailedCommit
+// forces the certain rollback at COMMIT; a ROLLBACK TO that fails and a COMMIT that fails
+// with an unknown outcome are not forced by a test. An operation alone in the
 // queue runs in a transaction of its own, without a savepoint (the transaction is one), in its
 // caller's goroutine, so one writer's latency is one commit as before. Durability does not
 // change: the commit is the same fsync'd commit.

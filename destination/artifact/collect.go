@@ -41,7 +41,8 @@ type Report struct {
 // An object is deleted only if, in a read of its resource's row taken after the listing, its
 // attempt's token is superseded (a newer acquisition or a newer epoch), or its generation has
 // already published or was released, and if the pointer read after that row does not name it. A superseded or
-// already-published generation can never publish again (the database refuses it), so no
+// already-published generation can never publish again (the database refuses it; a restore
+// of the database to an older copy, before `fenced epoch bump`, is outside this rule), so no
 // pointer to a deleted object can appear later, however long the attempt was paused; the
 // current holder's upload is kept whatever its age. Expiry alone is not enough (it is judged by
 // a clock): the orphan of an attempt that expired is collected once the resource is acquired
