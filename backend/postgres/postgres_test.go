@@ -502,25 +502,7 @@ func TestAcquireLosingAfterLockWaitNamesWinner(t *testing.T) {
 				t.Fatal(err)
 			}
 
-			winner, err := pgx.Connect(ctx, rawURL)
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer winner.Close(context.Background())
-			tx, err := winner.Begin(ctx)
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer func() { _ = tx.Rollback(context.Background()) }()
-			var (
-				gen   int64
-				until pgtype.Timestamptz
-				dummy bool
-				epoch int64
-			)
-			if err := tx.QueryRow(ctx, sqlAcquire, "r", "winner", time.Minute.Microseconds()).Scan(&dummy, &epoch, &gen, &until, &dummy); err != nil {
-				t.Fatal(err)
-			}
+			winner, tx, gen, until := acquireUncommitted(t, ctx, rawURL, "r")
 
 			type result struct {
 				g   driver.Grant
@@ -549,6 +531,33 @@ func TestAcquireLosingAfterLockWaitNamesWinner(t *testing.T) {
 	}
 }
 
+// acquireUncommitted acquires resource as "winner" in a transaction of its own connection and
+// leaves it open, so that another acquisition waits on the row lock until tx commits. It
+// returns the connection, the transaction and the winner's generation and expiry; both are
+// closed in Cleanup.
+func acquireUncommitted(t *testing.T, ctx context.Context, rawURL, resource string) (*pgx.Conn, pgx.Tx, int64, pgtype.Timestamptz) {
+	t.Helper()
+	winner, err := pgx.Connect(ctx, rawURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = winner.Close(context.Background()) })
+	tx, err := winner.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = tx.Rollback(context.Background()) })
+	var (
+		dummy      bool
+		epoch, gen int64
+		until      pgtype.Timestamptz
+	)
+	if err := tx.QueryRow(ctx, sqlAcquire, resource, "winner", time.Minute.Microseconds()).Scan(&dummy, &epoch, &gen, &until, &dummy); err != nil {
+		t.Fatal(err)
+	}
+	return winner, tx, gen, until
+}
+
 // TestAcquireLosingThenReadFails: the loser's statement is refused after the lock wait and the
 // reply to the read that would name the winner is lost. The refusal is certain, so the error
 // must be not applied, never an unknown outcome (which a caller would have to resolve).
@@ -567,24 +576,7 @@ func TestAcquireLosingThenReadFails(t *testing.T) {
 	if _, err := d.Read(ctx, "r é"); err != nil { // prepares the read, so that arm loses its execution
 		t.Fatal(err)
 	}
-	winner, err := pgx.Connect(ctx, rawURL)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer winner.Close(context.Background())
-	tx, err := winner.Begin(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer func() { _ = tx.Rollback(context.Background()) }()
-	var (
-		dummy      bool
-		epoch, gen int64
-		until      pgtype.Timestamptz
-	)
-	if err := tx.QueryRow(ctx, sqlAcquire, "r é", "winner", time.Minute.Microseconds()).Scan(&dummy, &epoch, &gen, &until, &dummy); err != nil {
-		t.Fatal(err)
-	}
+	winner, tx, _, _ := acquireUncommitted(t, ctx, rawURL, "r é")
 	d.beforeLostRaceRead = arm // the reply to the read after the refusal is lost
 	done := make(chan error, 1)
 	go func() {
@@ -595,8 +587,7 @@ func TestAcquireLosingThenReadFails(t *testing.T) {
 	if err := tx.Commit(ctx); err != nil {
 		t.Fatal(err)
 	}
-	err = <-done
-	if err == nil || !errors.Is(err, driver.ErrNotApplied) {
+	if err := <-done; err == nil || !errors.Is(err, driver.ErrNotApplied) {
 		t.Fatalf("losing acquisition whose read failed: %v; want not applied", err)
 	}
 }
