@@ -108,7 +108,9 @@ func BenchmarkGroupCommit(b *testing.B) {
 				if err != nil {
 					b.Fatal(err)
 				}
-				d.w.one = one
+				if one {
+					d.w.mode = commitLegacy
+				}
 				store, err := fenced.New(context.Background(), d, nil)
 				if err != nil {
 					b.Fatal(err)
@@ -217,19 +219,27 @@ func BenchmarkSingleClient(b *testing.B) {
 }
 
 // BenchmarkGroupCommitTurns runs 16 clients on 16 resources each, alternately with group commit
-// and with one transaction per operation (as before group commit), on two files side by side:
-// each iteration is one slice of 16 x 10 pairs on each. Reports the pairs/s of both and
-// group/one.
+// and with every statement committed on its own, one at a time, as before group commit
+// (commitLegacy), on two files side by side: each iteration is one slice of 16 x 10 pairs on
+// each. Reports the pairs/s of both, group/one, and the operations per group commit.
 //
 //	go test -run '^$' -bench GroupCommitTurns -benchtime 20x -count 3 ./backend/sqlite/
 func BenchmarkGroupCommitTurns(b *testing.B) {
 	ctx := context.Background()
+	var commits, ops atomic.Int64
 	open := func(one bool) *fenced.Store {
 		d, err := Open(filepath.Join(b.TempDir(), "bench.db"))
 		if err != nil {
 			b.Fatal(err)
 		}
-		d.w.one = one
+		if one {
+			d.w.mode = commitLegacy
+		} else {
+			d.w.committed = func(n int, _ error) {
+				commits.Add(1)
+				ops.Add(int64(n))
+			}
+		}
 		s, err := fenced.New(ctx, d, nil)
 		if err != nil {
 			b.Fatal(err)
@@ -265,6 +275,8 @@ func BenchmarkGroupCommitTurns(b *testing.B) {
 		return time.Since(start)
 	}
 	var tg, to time.Duration
+	commits.Store(0)
+	ops.Store(0)
 	b.ResetTimer()
 	for range b.N {
 		tg += slice(group)
@@ -274,4 +286,5 @@ func BenchmarkGroupCommitTurns(b *testing.B) {
 	b.ReportMetric(pairs/tg.Seconds(), "group-pairs/s")
 	b.ReportMetric(pairs/to.Seconds(), "one-pairs/s")
 	b.ReportMetric(to.Seconds()/tg.Seconds(), "group/one")
+	b.ReportMetric(float64(ops.Load())/float64(max(commits.Load(), 1)), "ops/commit")
 }

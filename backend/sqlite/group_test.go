@@ -2,7 +2,6 @@ package sqlite
 
 import (
 	"context"
-	"database/sql"
 	"errors"
 	"fmt"
 	"path/filepath"
@@ -73,19 +72,28 @@ func holdWriter(d *Driver, n int) (commits func() []int) {
 }
 
 // groupScenario queues, behind the barrier, acquisitions of distinct resources, two
-// acquisitions of one resource, and an operation whose first statement writes and whose second
-// fails; it returns what went wrong.
-func groupScenario(t *testing.T, mutate func(*Driver)) (problems []string) {
+// acquisitions of one resource, and poisons operations whose first statement writes and whose
+// second fails; it returns what went wrong. Without poison the group is one transaction. With
+// two, the first makes the writer roll the group back and run the rest again with savepoints,
+// where the second is undone to its savepoint: two transactions, the first rolled back.
+func groupScenario(t *testing.T, poisons int, mutate func(*Driver)) (problems []string) {
 	ctx := context.Background()
 	distinct := []string{"res one", "rés två", "ресурс 3", "資源 4"}
-	const contested, poisoned = "contested\x00 one", "poisoned resource"
-	d := groupDriver(t, append(distinct, contested, poisoned)...)
-	mutate(d)
-	before, err := d.Read(ctx, poisoned)
-	if err != nil {
-		t.Fatal(err)
+	const contested = "contested\x00 one"
+	poisoned := make([]string, poisons)
+	for i := range poisoned {
+		poisoned[i] = fmt.Sprintf("poisoned résource %d", i)
 	}
-	n := len(distinct) + 3
+	d := groupDriver(t, append(append(distinct, contested), poisoned...)...)
+	mutate(d)
+	before := make([]driver.State, poisons)
+	for i, r := range poisoned {
+		var err error
+		if before[i], err = d.Read(ctx, r); err != nil {
+			t.Fatal(err)
+		}
+	}
+	n := len(distinct) + 2 + poisons
 	commits := holdWriter(d, n)
 
 	var wg sync.WaitGroup
@@ -101,20 +109,26 @@ func groupScenario(t *testing.T, mutate func(*Driver)) (problems []string) {
 			_, contestedErrs[i] = d.Acquire(ctx, contested, fmt.Sprintf("rival %d", i), time.Minute)
 		})
 	}
-	var poisonErr error
-	wg.Go(func() {
-		poisonErr = d.exec(ctx, func(ctx context.Context, conn *sql.Conn) error {
-			if _, err := conn.ExecContext(ctx, `UPDATE fenced_resources SET payload = X'00ff00', published_generation = 99 WHERE resource = ?`, poisoned); err != nil {
+	poisonErrs := make([]error, poisons)
+	for i, r := range poisoned {
+		wg.Go(func() {
+			poisonErrs[i] = d.exec(ctx, func(ctx context.Context, q querier) error {
+				if _, err := q.ExecContext(ctx, `UPDATE fenced_resources SET payload = X'00ff00', published_generation = 99 WHERE resource = ?`, r); err != nil {
+					return err
+				}
+				_, err := q.ExecContext(ctx, `INSERT INTO fenced_resources (resource) VALUES (?)`, r) // duplicate key
 				return err
-			}
-			_, err := conn.ExecContext(ctx, `INSERT INTO fenced_resources (resource) VALUES (?)`, poisoned) // duplicate key
-			return err
+			})
 		})
-	})
+	}
 	wg.Wait()
 
-	if got := commits(); len(got) != 1 || got[0] != n {
-		problems = append(problems, fmt.Sprintf("transactions of sizes %v, want one of %d operations", got, n))
+	want := []int{n}
+	if poisons > 0 {
+		want = []int{-n, n - 1}
+	}
+	if got := commits(); fmt.Sprint(got) != fmt.Sprint(want) {
+		problems = append(problems, fmt.Sprintf("transactions of sizes %v, want %v", got, want))
 	}
 	for i, err := range grants {
 		if err != nil {
@@ -127,16 +141,18 @@ func groupScenario(t *testing.T, mutate func(*Driver)) (problems []string) {
 	default:
 		problems = append(problems, fmt.Sprintf("two acquisitions of one resource in one group: %v and %v, want one granted and one busy", a, b))
 	}
-	if poisonErr == nil || !errors.Is(poisonErr, driver.ErrNotApplied) {
-		problems = append(problems, fmt.Sprintf("the failing operation returned %v, want a not-applied error", poisonErr))
-	}
-	after, err := d.Read(ctx, poisoned)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if after.PublishedGeneration != before.PublishedGeneration || after.PayloadSize != before.PayloadSize {
-		problems = append(problems, fmt.Sprintf("the failing operation's first statement was committed: published generation %d, payload %d bytes",
-			after.PublishedGeneration, after.PayloadSize))
+	for i, r := range poisoned {
+		if err := poisonErrs[i]; err == nil || !errors.Is(err, driver.ErrNotApplied) {
+			problems = append(problems, fmt.Sprintf("failing operation %d returned %v, want a not-applied error", i, err))
+		}
+		after, err := d.Read(ctx, r)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if after.PublishedGeneration != before[i].PublishedGeneration || after.PayloadSize != before[i].PayloadSize {
+			problems = append(problems, fmt.Sprintf("failing operation %d's first statement was committed: published generation %d, payload %d bytes",
+				i, after.PublishedGeneration, after.PayloadSize))
+		}
 	}
 	for i, r := range distinct {
 		st, err := d.Read(ctx, r)
@@ -151,28 +167,39 @@ func groupScenario(t *testing.T, mutate func(*Driver)) (problems []string) {
 }
 
 // TestGroupCommit: operations queued behind the writer are applied in one transaction, each its
-// own conditional statement seeing the ones before it, and one that fails is undone alone.
+// own conditional statement seeing the ones before it; one that fails is undone alone, and the
+// others are applied once.
 func TestGroupCommit(t *testing.T) {
-	for _, p := range groupScenario(t, func(*Driver) {}) {
-		t.Error(p)
+	for _, poisons := range []int{0, 2} {
+		t.Run(fmt.Sprintf("failing=%d", poisons), func(t *testing.T) {
+			for _, p := range groupScenario(t, poisons, func(*Driver) {}) {
+				t.Error(p)
+			}
+		})
 	}
 }
 
-// The scenario must be able to fail: one transaction per operation (as before group commit)
-// and a group without savepoints are both caught.
+// The scenario must be able to fail: one transaction per operation (as before group commit),
+// going on after a failure without running the rest again, and a savepoint not rolled back to
+// are each caught.
 func TestGroupScenarioCatches(t *testing.T) {
-	t.Run("one transaction per operation", func(t *testing.T) {
-		problems := groupScenario(t, func(d *Driver) { setHooks(d, func(w *writer) { w.one = true }) })
-		if !containsPrefix(problems, "transactions of sizes") {
-			t.Fatalf("not caught; problems: %q", problems)
-		}
-	})
-	t.Run("no savepoints", func(t *testing.T) {
-		problems := groupScenario(t, func(d *Driver) { setHooks(d, func(w *writer) { w.noSavepoints = true }) })
-		if !containsPrefix(problems, "the failing operation's first statement was committed") {
-			t.Fatalf("not caught; problems: %q", problems)
-		}
-	})
+	for _, m := range []struct {
+		name    string
+		poisons int
+		set     func(*writer)
+		caught  string
+	}{
+		{"one transaction per operation", 0, func(w *writer) { w.mode = commitOne }, "transactions of sizes"},
+		{"no redo after a failure", 2, func(w *writer) { w.noRedo = true }, "failing operation 0's first statement was committed"},
+		{"no rollback to the savepoint", 2, func(w *writer) { w.noRollbackTo = true }, "failing operation 1's first statement was committed"},
+	} {
+		t.Run(m.name, func(t *testing.T) {
+			problems := groupScenario(t, m.poisons, func(d *Driver) { setHooks(d, m.set) })
+			if !containsPrefix(problems, m.caught) {
+				t.Fatalf("not caught; problems: %q", problems)
+			}
+		})
+	}
 }
 
 func setHooks(d *Driver, set func(*writer)) {
@@ -215,8 +242,8 @@ func TestGroupFailedCommit(t *testing.T) {
 		wg.Go(func() { _, errs[i] = d.Acquire(ctx, r, "owner", time.Minute) })
 	}
 	wg.Go(func() {
-		errs[n-1] = d.exec(ctx, func(ctx context.Context, conn *sql.Conn) error {
-			_, err := conn.ExecContext(ctx, `INSERT INTO test_child (p) VALUES (42)`)
+		errs[n-1] = d.exec(ctx, func(ctx context.Context, q querier) error {
+			_, err := q.ExecContext(ctx, `INSERT INTO test_child (p) VALUES (42)`)
 			return err // succeeds; the foreign key is checked at COMMIT
 		})
 	})
@@ -258,13 +285,13 @@ func TestGroupCancelledWhileQueued(t *testing.T) {
 		w.queued = func(n int) { queued <- n }
 	})
 	first := make(chan error)
-	go func() { first <- d.exec(ctx, func(context.Context, *sql.Conn) error { return nil }) }()
+	go func() { first <- d.exec(ctx, func(context.Context, querier) error { return nil }) }()
 	<-queued // the first caller writes; it waits at the barrier
 	cctx, cancel := context.WithCancel(ctx)
 	var ran atomic.Bool
 	done := make(chan error)
 	go func() {
-		done <- d.exec(cctx, func(context.Context, *sql.Conn) error { ran.Store(true); return nil })
+		done <- d.exec(cctx, func(context.Context, querier) error { ran.Store(true); return nil })
 	}()
 	if n := <-queued; n != 2 {
 		t.Fatalf("queue of %d, want 2", n)

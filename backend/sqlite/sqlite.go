@@ -258,7 +258,7 @@ func (d *Driver) Migrate(ctx context.Context) error {
 var _ driver.DurabilityChecker = (*Driver)(nil)
 
 func (d *Driver) Provision(ctx context.Context, resource string) error {
-	return d.exec(ctx, func(ctx context.Context, conn *sql.Conn) error {
+	return d.exec(ctx, func(ctx context.Context, conn querier) error {
 		_, err := conn.ExecContext(ctx, d.q(sqlProvision), resource)
 		return err
 	})
@@ -269,7 +269,7 @@ func (d *Driver) Acquire(ctx context.Context, resource, owner string, ttl time.D
 		epoch, gen, until int64
 		ok                bool
 	)
-	err := d.exec(ctx, func(ctx context.Context, conn *sql.Conn) (err error) {
+	err := d.exec(ctx, func(ctx context.Context, conn querier) (err error) {
 		ok, err = queryOne(ctx, conn, d.q(sqlAcquire), []any{resource, owner, ttl.Microseconds()}, &epoch, &gen, &until)
 		return err
 	})
@@ -298,7 +298,7 @@ func (d *Driver) Renew(ctx context.Context, l driver.LeaseRef, ttl time.Duration
 		until int64
 		ok    bool
 	)
-	err := d.exec(ctx, func(ctx context.Context, conn *sql.Conn) (err error) {
+	err := d.exec(ctx, func(ctx context.Context, conn querier) (err error) {
 		ok, err = queryOne(ctx, conn, d.q(sqlRenew), []any{l.Resource, l.Owner, l.Generation, l.Epoch, ttl.Microseconds()}, &until)
 		return err
 	})
@@ -317,11 +317,11 @@ func (d *Driver) PublishAndRelease(ctx context.Context, l driver.LeaseRef, pub d
 }
 
 // publish runs the conditional UPDATE and records the operation id as accepted, in one
-// operation of the group (its savepoint): both happen or neither does.
+// operation of the group: both happen or neither does (group.go).
 func (d *Driver) publish(ctx context.Context, query string, l driver.LeaseRef, pub driver.Publication) (bool, error) {
 	args := []any{l.Resource, l.Owner, l.Generation, l.Epoch, nonNil(pub.Payload), pub.SourceVersion, pub.OpID}
 	var ok bool
-	err := d.exec(ctx, func(ctx context.Context, conn *sql.Conn) error {
+	err := d.exec(ctx, func(ctx context.Context, conn querier) error {
 		ok = false
 		res, err := conn.ExecContext(ctx, d.q(query), args...)
 		if err != nil {
@@ -345,7 +345,7 @@ func (d *Driver) publish(ctx context.Context, query string, l driver.LeaseRef, p
 
 func (d *Driver) Release(ctx context.Context, l driver.LeaseRef) (bool, error) {
 	var ok bool
-	err := d.exec(ctx, func(ctx context.Context, conn *sql.Conn) (err error) {
+	err := d.exec(ctx, func(ctx context.Context, conn querier) (err error) {
 		ok, err = execOne(ctx, conn, d.q(sqlRelease), l.Resource, l.Owner, l.Generation, l.Epoch)
 		return err
 	})
@@ -402,7 +402,7 @@ func (d *Driver) ResolveOperation(ctx context.Context, opID string) (driver.Oper
 		op  driver.Operation
 		err error
 	)
-	xerr := d.exec(ctx, func(ctx context.Context, conn *sql.Conn) error {
+	xerr := d.exec(ctx, func(ctx context.Context, conn querier) error {
 		op, err = d.operation(ctx, conn, sqlResolve, opID)
 		return err
 	})
@@ -432,10 +432,10 @@ func (d *Driver) operation(ctx context.Context, db querier, query, opID string) 
 }
 
 // BumpEpoch sets the epoch to max(epoch + 1, the clock) and frees every lease, in one
-// operation of the group (its savepoint): both happen or neither does.
+// operation of the group: both happen or neither does (group.go).
 func (d *Driver) BumpEpoch(ctx context.Context) (int64, error) {
 	var epoch int64
-	err := d.exec(ctx, func(ctx context.Context, conn *sql.Conn) error {
+	err := d.exec(ctx, func(ctx context.Context, conn querier) error {
 		if err := conn.QueryRowContext(ctx, d.q(sqlBumpEpoch)).Scan(&epoch); err != nil {
 			return err
 		}
@@ -447,7 +447,7 @@ func (d *Driver) BumpEpoch(ctx context.Context) (int64, error) {
 
 func (d *Driver) PruneOperations(ctx context.Context, age time.Duration) (int64, error) {
 	var n int64
-	err := d.exec(ctx, func(ctx context.Context, conn *sql.Conn) error {
+	err := d.exec(ctx, func(ctx context.Context, conn querier) error {
 		res, err := conn.ExecContext(ctx, d.q(sqlPrune), age.Microseconds())
 		if err != nil {
 			return err
@@ -503,10 +503,11 @@ func classify(err error) error {
 	return err
 }
 
-// querier is a handle or one of its connections.
+// querier is a handle, one of its connections, or a group's statements (stmtCache).
 type querier interface {
 	ExecContext(ctx context.Context, query string, args ...any) (sql.Result, error)
 	QueryContext(ctx context.Context, query string, args ...any) (*sql.Rows, error)
+	QueryRowContext(ctx context.Context, query string, args ...any) *sql.Row
 }
 
 // queryOne runs a statement with RETURNING, reads its result to the end and checks every error
