@@ -91,6 +91,11 @@ type writer struct {
 	beforeTake func()
 	committed  func(n int, err error)
 	queued     func(n int)
+	// gathering runs when the writer starts waiting in gather, stopped when it finds the queue
+	// empty and stops; gatherLimit, when positive, replaces gather's time limit, and when
+	// negative turns gathering off (the mutation that TestGatherWokenCallers must catch).
+	gathering, stopped func()
+	gatherLimit        time.Duration
 
 	// The gathering window (gather): arrived counts the operations ever queued; a commit
 	// records how many it woke (woke), the count at that moment (wokeAt) and how long it took;
@@ -131,7 +136,9 @@ func (d *Driver) exec(ctx context.Context, run func(ctx context.Context, q queri
 		// what queued during its commit to a writer goroutine.
 		d.runGroup()
 		w.mu.Lock()
-		more := len(w.queue) > 0
+		// A writer goroutine goes on if operations queued meanwhile, or if the commit woke
+		// other callers whose next operations it may gather.
+		more := len(w.queue) > 0 || w.woke > 1
 		w.running = more
 		w.mu.Unlock()
 		if more {
@@ -174,12 +181,15 @@ func (d *Driver) drain() {
 // take only what queued during that commit, waits for as many operations to arrive as it woke,
 // or for half the last commit's duration, whichever comes first. Without it, callers split
 // into two cohorts that take turns (16 callers: groups of 8; measured in
-// BenchmarkGroupCommitTurns, ops/commit). It waits only when operations are already queued, so
-// a lone caller never waits, and it costs a queued operation at most half a commit.
+// BenchmarkGroupCommitTurns, ops/commit). It waits only after a commit that woke several
+// callers, so a lone caller, whose group is its own, never waits; an operation that arrives
+// meanwhile waits at most half a commit (and never more than maxGather) before its group
+// starts. TestGatherWokenCallers forces the schedule.
 func (d *Driver) gather() {
 	w := &d.w
 	w.mu.Lock()
-	if w.mode != commitGroup || w.woke < 2 {
+	if w.mode != commitGroup || w.woke < 2 || w.gatherLimit < 0 {
+		w.woke = 0
 		w.mu.Unlock()
 		return
 	}
@@ -192,7 +202,14 @@ func (d *Driver) gather() {
 	full := make(chan struct{})
 	w.full, w.want = full, want
 	wait := min(w.took/2, maxGather)
+	if w.gatherLimit > 0 {
+		wait = w.gatherLimit
+	}
+	hook := w.gathering
 	w.mu.Unlock()
+	if hook != nil {
+		hook()
+	}
 	t := time.NewTimer(wait)
 	select {
 	case <-full:
@@ -227,7 +244,11 @@ func (d *Driver) runGroup() bool {
 	}
 	if len(group) == 0 {
 		w.running = false
+		hook := w.stopped
 		w.mu.Unlock()
+		if hook != nil {
+			hook()
+		}
 		return false
 	}
 	mode, noRedo, noRollbackTo := w.mode, w.noRedo, w.noRollbackTo
