@@ -2,6 +2,7 @@ package etcd
 
 import (
 	"context"
+	"sort"
 	"sync"
 	"time"
 
@@ -17,13 +18,31 @@ import (
 //     snapshot only makes the Txn fail, and its Else branch returns the fresh one to retry
 //     from, exactly as after a race today: etcd decides, never the cache.
 //   - The etcd lease is granted ahead of need, in the background, and taken from a pool kept
-//     per TTL. An etcd lease's TTL runs from its grant and cannot be changed, so a lease
-//     granted ahead is granted one second longer than the acquisition's TTL (rounded up to
-//     seconds, as always) and is used only within aheadFresh (one second) of the moment its
-//     grant request was sent, on the local monotonic clock. etcd expires it no earlier than
-//     grant + TTL + 1 s >= (the acquisition's start - 1 s) + TTL + 1 s: never before the end
-//     of the holder's trust window, which runs from the acquisition's start. Granted is
-//     reported as (grant sent) + granted TTL, an underestimate of etcd's expiry, as before.
+//     per granted TTL. An etcd lease's TTL runs from its grant (or its last keepalive) and
+//     cannot be changed, and etcd's TTLs are whole seconds, so an acquisition may use a lease
+//     of the pool only inside a window of its life where both of these hold, on the local
+//     monotonic clock, for the acquisition's TTL ttl and the lease's granted TTL T, with S
+//     and R the moments the grant (or keepalive) request was sent and its answer received:
+//
+//       safety:  S + T - ttl > now             etcd expires it no earlier than S + T, so never
+//                                              before the end of a trust window that starts
+//                                              at or after now (the acquisition's start);
+//       bound:   R + T - ttl - B <= now        etcd expires it no later than R + T, so at
+//                                              most B after now + ttl, and now is before the
+//                                              deciding Txn is sent;
+//
+//     B is Options.AheadBound (1 s unless set). A lease is granted with T = ttl + B rounded
+//     up to seconds, so that the window, B - (R - S) wide, opens before the lease's end; a
+//     lease whose window passed
+//     unused gets a keepalive, which starts its life again (S and R of the keepalive), and
+//     serves again a window later. So an etcd lease granted ahead outlives the acquisition's
+//     start + TTL by at most B, plus the delay with which etcd itself revokes an expired
+//     lease (its lessor looks for them every 500 ms); an etcd lease granted during the
+//     acquisition (when no lease of the pool is in its window) is rounded up to whole
+//     seconds, as always, and outlives start + TTL by at most that rounding plus the grant's
+//     round trip. Granted is reported as S + T, an underestimate of etcd's expiry.
+//     TestLeaseGrantedAheadWindow checks both sides and TestCrashedHolderHandover the
+//     handover after a holder vanishes.
 //   - Such a lease serves one acquisition at a time. When a release (or a publication that
 //     releases) deletes the owner key in its Txn, the etcd lease that key was on has no key
 //     left and, if it came from the pool and is still within aheadFresh of its grant, goes
@@ -38,27 +57,47 @@ import (
 //     already cleanup: the released owner key is gone, and a lease no key uses expires on
 //     its own.
 
-// aheadFresh is how long after its grant was sent a lease granted ahead may be used; the lease
-// is granted this much longer than asked (etcd's TTL is in whole seconds).
-const aheadFresh = time.Second
-
-// maxAhead bounds the leases kept ready per TTL, and the cached snapshots.
+// maxAhead bounds the leases kept per granted TTL (ready, in use or coming): a lease is in its
+// window about a tenth of the time, so sixteen holders need more than a hundred. maxSnapshot
+// bounds the cached snapshots.
 const (
-	maxAhead    = 16
+	maxAhead    = 256
 	maxSnapshot = 4096
 )
 
 type aheadLease struct {
-	id   clientv3.LeaseID
-	key  int64     // the pool: the requested TTL in seconds (before the extra second)
-	ttl  int64     // seconds, as granted
-	sent time.Time // when the grant request was sent (monotonic)
+	id         clientv3.LeaseID
+	key        int64         // the pool: the TTL asked of etcd, in seconds
+	ttl        int64         // seconds, as granted
+	sent, recv time.Time     // the last grant or keepalive: request sent, answer received (monotonic)
+	refreshing bool          // a keepalive is on its way
+	bound      time.Duration // the driver's Options.AheadBound
 }
 
-func (l aheadLease) fresh() bool { return time.Since(l.sent) < aheadFresh }
+// aheadSeconds is the TTL asked of etcd for a lease granted ahead of acquisitions of ttl.
+func aheadSeconds(ttl, bound time.Duration) int64 { return ttlSeconds(ttl + bound) }
+
+// window is when an acquisition of ttl may use the lease: from opens (included) to closes.
+func (l aheadLease) window(ttl time.Duration) (opens, closes time.Time) {
+	life := time.Duration(l.ttl)*time.Second - ttl
+	return l.recv.Add(life - l.bound), l.sent.Add(life)
+}
+
+// usable tells whether an acquisition of ttl starting now may use the lease; anyTime is the
+// mutation that the window tests must catch.
+func (l aheadLease) usable(ttl time.Duration, now time.Time, anyTime bool) bool {
+	opens, closes := l.window(ttl)
+	return anyTime && now.Before(l.sent.Add(time.Duration(l.ttl)*time.Second)) || !now.Before(opens) && now.Before(closes)
+}
+
+// expired tells whether etcd may have expired the lease: nothing can use it any more.
+func (l aheadLease) expired(now time.Time) bool {
+	return !now.Before(l.sent.Add(time.Duration(l.ttl) * time.Second))
+}
 
 // ahead is a driver's state for the fast path.
 type ahead struct {
+	bound   time.Duration // Options.AheadBound; negative: nothing granted ahead
 	mu      sync.Mutex
 	closed  bool
 	leases  map[int64][]aheadLease          // by requested TTL in seconds (before the extra second)
@@ -66,40 +105,168 @@ type ahead struct {
 	inUse   map[clientv3.LeaseID]aheadLease // taken from the pool by an acquisition
 	snaps   map[string]leaseSnapshot
 	bg      sync.WaitGroup
-	// granted, set only by tests, is told of each lease granted ahead; anyAge, the mutation
-	// that the freshness test must catch, uses leases granted ahead however old.
+	// The tender (tend) keeps windows open: demand by key, the TTL last asked for, the last
+	// acquisition that took or missed a lease, and whether it runs.
+	demand  map[int64]*aheadDemand
+	tending bool
+	stop    chan struct{}
+	// granted, set only by tests, is told of each lease granted ahead (or kept alive); anyTime,
+	// the mutation that the window tests must catch, uses a lease of the pool outside its
+	// window; manual, for tests that follow one lease, turns the tender off (a lease whose
+	// window passed is then kept alive when an acquisition finds it so).
 	granted func()
-	anyAge  bool
+	anyTime bool
+	manual  bool
 }
 
-// takeLease returns the freshest lease of the pool for ttl, and asks for one more when too few
-// are younger than half of aheadFresh. Leases too old to be used are dropped; they expire
-// on their own, unused.
-func (d *Driver) takeLease(ttl time.Duration) (aheadLease, bool) {
-	key := ttlSeconds(ttl)
+// aheadDemand is what the tender knows of the acquisitions of one key since its last tick.
+type aheadDemand struct {
+	ttl      time.Duration
+	peak     int // most leases of the key in use at once
+	misses   int // acquisitions that found no lease in its window
+	lastUsed time.Time
+}
+
+// The tender. A lease serves a window of about the bound per second of its life, so a pool
+// kept alive only when acquisitions find its leases past their windows would see them start
+// their lives again together and be ready together, for the bound out of every second.
+// Instead, every tick (four fifths of the bound), the tender starts the life of as many leases
+// as the acquisitions of the last tick needed (most in use at once, plus those that found none
+// up to as many again, plus two), choosing those whose windows passed longest ago and granting
+// more when too few are left: windows a little longer than a tick then open a tick apart, so
+// that about that many leases are in their window at any moment. It stops after aheadIdle
+// without acquisitions.
+const aheadIdle = 2 * time.Second
+
+// tend runs the tender until it has nothing to do or the driver closes.
+func (d *Driver) tend(stop <-chan struct{}) {
+	t := time.NewTicker(max(d.ahead.bound*4/5, time.Millisecond))
+	defer t.Stop()
+	for {
+		select {
+		case <-stop:
+			return
+		case <-t.C:
+		}
+		if !d.tick() {
+			return
+		}
+	}
+}
+
+// tick is one round of the tender; false when it stopped.
+func (d *Driver) tick() bool {
 	a := &d.ahead
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	if a.closed {
+	if a.closed || a.leases == nil {
+		a.tending = false
+		return false
+	}
+	now := time.Now()
+	for key, dem := range a.demand {
+		if now.Sub(dem.lastUsed) > aheadIdle {
+			delete(a.demand, key)
+			continue
+		}
+		need := dem.peak + min(dem.misses, dem.peak) + 2
+		dem.misses, dem.peak = 0, 0
+		for _, l := range a.inUse {
+			if l.key == key {
+				dem.peak++
+			}
+		}
+		list := a.leases[key][:0]
+		var passed []int
+		for _, l := range a.leases[key] {
+			if !l.refreshing && l.expired(now) {
+				continue
+			}
+			if _, closes := l.window(dem.ttl); !l.refreshing && !now.Before(closes) {
+				passed = append(passed, len(list))
+			}
+			list = append(list, l)
+		}
+		a.leases[key] = list
+		sort.Slice(passed, func(i, j int) bool { return list[passed[i]].sent.Before(list[passed[j]].sent) })
+		for _, i := range passed[:min(need, len(passed))] {
+			list[i].refreshing = true
+			d.keepAliveLocked(list[i].id)
+		}
+		for range need - min(need, len(passed)) {
+			d.refillLocked(key)
+		}
+	}
+	if len(a.demand) == 0 || a.closed {
+		a.tending = false
+		return false
+	}
+	return true
+}
+
+// wantLocked records an acquisition's demand for key and starts the tender if it is not running.
+func (d *Driver) wantLocked(key int64, ttl time.Duration, missed bool, now time.Time) {
+	a := &d.ahead
+	if a.demand == nil {
+		a.demand = map[int64]*aheadDemand{}
+	}
+	dem := a.demand[key]
+	if dem == nil {
+		dem = &aheadDemand{}
+		a.demand[key] = dem
+	}
+	dem.ttl, dem.lastUsed = ttl, now
+	if missed {
+		dem.misses++
+	}
+	if a.tending || a.manual || a.closed {
+		return
+	}
+	if a.stop == nil {
+		a.stop = make(chan struct{})
+	}
+	a.tending = true
+	stop := a.stop
+	a.bg.Go(func() { d.tend(stop) })
+}
+
+// takeLease returns a lease of the pool for ttl that is in its window (see above), drops those
+// etcd may have expired, grants one more ahead when none is in its window (unless a grant is
+// on its way), and tells the tender what it found. Without the tender (tests), it sends a
+// keepalive to every lease whose window has passed, so that it serves again a window later.
+func (d *Driver) takeLease(ttl time.Duration) (aheadLease, bool) {
+	a := &d.ahead
+	key := aheadSeconds(ttl, a.bound)
+	now := time.Now()
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if a.closed || a.bound < 0 {
 		return aheadLease{}, false
 	}
 	if a.leases == nil {
 		a.leases, a.pending, a.inUse = map[int64][]aheadLease{}, map[int64]int{}, map[clientv3.LeaseID]aheadLease{}
 	}
 	for id, l := range a.inUse {
-		if !l.fresh() {
+		if l.expired(now) {
 			delete(a.inUse, id) // can no longer go back to the pool
 		}
 	}
 	list := a.leases[key][:0]
 	best := -1
 	for _, l := range a.leases[key] {
-		if l.fresh() || a.anyAge {
-			list = append(list, l)
-			if best < 0 || l.sent.After(list[best].sent) {
-				best = len(list) - 1
+		switch _, closes := l.window(ttl); {
+		case l.refreshing:
+		case l.usable(ttl, now, a.anyTime):
+			if best < 0 {
+				best = len(list)
 			}
+		case l.expired(now):
+			continue
+		case a.manual && !now.Before(closes):
+			l.refreshing = true
+			d.keepAliveLocked(l.id)
 		}
+		list = append(list, l)
 	}
 	var l aheadLease
 	if best >= 0 {
@@ -108,26 +275,10 @@ func (d *Driver) takeLease(ttl time.Duration) (aheadLease, bool) {
 		a.inUse[l.id] = l
 	}
 	a.leases[key] = list
-	// Keep more young leases (in the pool, in use, or coming) than there are acquisitions
-	// holding one, so that the next acquisition finds one even when every holder is still
-	// holding; one grant per call at most.
-	young, held := a.pending[key], 0
-	for _, r := range list {
-		if time.Since(r.sent) < aheadFresh/2 {
-			young++
-		}
+	if best < 0 && a.pending[key] == 0 {
+		d.refillLocked(key) // one at a time: the tender grants the rest
 	}
-	for _, r := range a.inUse {
-		if r.key == key {
-			held++
-			if time.Since(r.sent) < aheadFresh/2 {
-				young++
-			}
-		}
-	}
-	if young <= held {
-		d.refillLocked(key)
-	}
+	d.wantLocked(key, ttl, best < 0, now)
 	return l, best >= 0
 }
 
@@ -143,13 +294,13 @@ func (d *Driver) leaseOutcomeUnknown(id clientv3.LeaseID) {
 }
 
 // released takes back an etcd lease that no key uses any more: into the pool if it came from
-// there and is still fresh, otherwise it is revoked in the background.
+// there and etcd cannot have expired it yet, otherwise it is revoked in the background.
 func (d *Driver) released(id clientv3.LeaseID) {
 	a := &d.ahead
 	a.mu.Lock()
 	l, ok := a.inUse[id]
 	delete(a.inUse, id)
-	if ok && !a.closed && (l.fresh() || a.anyAge) && len(a.leases[l.key]) < maxAhead {
+	if ok && !a.closed && !l.expired(time.Now()) && len(a.leases[l.key]) < maxAhead {
 		a.leases[l.key] = append(a.leases[l.key], l)
 		a.mu.Unlock()
 		return
@@ -158,10 +309,21 @@ func (d *Driver) released(id clientv3.LeaseID) {
 	d.revokeLater(id)
 }
 
+// count is the number of leases for key that are ready, in use or coming.
+func (a *ahead) count(key int64) int {
+	n := len(a.leases[key]) + a.pending[key]
+	for _, l := range a.inUse {
+		if l.key == key {
+			n++
+		}
+	}
+	return n
+}
+
 // refillLocked grants one lease for key in the background unless enough are ready or coming.
 func (d *Driver) refillLocked(key int64) {
 	a := &d.ahead
-	if len(a.leases[key])+a.pending[key] >= maxAhead {
+	if a.count(key) >= maxAhead {
 		return
 	}
 	a.pending[key]++
@@ -169,18 +331,52 @@ func (d *Driver) refillLocked(key int64) {
 		ctx, cancel := context.WithTimeout(context.Background(), cleanupTimeout)
 		defer cancel()
 		sent := time.Now()
-		resp, err := d.cli.Grant(ctx, key+int64(aheadFresh/time.Second))
+		resp, err := d.cli.Grant(ctx, key)
+		recv := time.Now()
 		a.mu.Lock()
 		a.pending[key]--
 		kept := err == nil && !a.closed && len(a.leases[key]) < maxAhead
 		if kept {
-			a.leases[key] = append(a.leases[key], aheadLease{id: resp.ID, key: key, ttl: resp.TTL, sent: sent})
+			a.leases[key] = append(a.leases[key], aheadLease{id: resp.ID, key: key, ttl: resp.TTL, sent: sent, recv: recv, bound: a.bound})
 		}
 		hook := a.granted
 		a.mu.Unlock()
 		if err == nil && !kept {
 			_, _ = d.cli.Revoke(ctx, resp.ID)
 		}
+		if hook != nil {
+			hook()
+		}
+	})
+}
+
+// keepAliveLocked starts the life of a lease of the pool again, in the background. The lease
+// carries no key (it is in the pool, not in use), so keeping it alive lengthens nobody's lease.
+// A lease etcd no longer knows leaves the pool.
+func (d *Driver) keepAliveLocked(id clientv3.LeaseID) {
+	a := &d.ahead
+	a.bg.Go(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), cleanupTimeout)
+		defer cancel()
+		sent := time.Now()
+		resp, err := d.cli.KeepAliveOnce(ctx, id)
+		recv := time.Now()
+		a.mu.Lock()
+		for key, list := range a.leases {
+			for i := range list {
+				if list[i].id != id {
+					continue
+				}
+				if err != nil || resp.TTL <= 0 {
+					a.leases[key] = append(list[:i], list[i+1:]...)
+				} else {
+					list[i].sent, list[i].recv, list[i].ttl, list[i].refreshing = sent, recv, resp.TTL, false
+				}
+				break
+			}
+		}
+		hook := a.granted
+		a.mu.Unlock()
 		if hook != nil {
 			hook()
 		}
@@ -243,15 +439,26 @@ func (d *Driver) closeAhead() {
 	a := &d.ahead
 	a.mu.Lock()
 	a.closed = true
+	if a.stop != nil {
+		close(a.stop)
+	}
 	a.mu.Unlock()
 	a.bg.Wait()
 	a.mu.Lock()
 	leases := a.leases
 	a.leases = nil
 	a.mu.Unlock()
+	// The pool may hold a few hundred leases: revoked sixteen at a time.
+	var wg sync.WaitGroup
+	sem := make(chan struct{}, 16)
 	for _, list := range leases {
 		for _, l := range list {
-			d.revoke(context.Background(), l.id)
+			sem <- struct{}{}
+			wg.Go(func() {
+				defer func() { <-sem }()
+				d.revoke(context.Background(), l.id)
+			})
 		}
 	}
+	wg.Wait()
 }

@@ -8,9 +8,10 @@
 //
 // Expiry is judged by etcd: the owner key is put with an etcd lease whose TTL is the fenced
 // lease's TTL (rounded UP to whole seconds, which is all etcd offers, and raised by etcd to its
-// own minimum, 2 s with the default election timeout), or one second more for an etcd lease
-// granted ahead of the acquisition (ahead.go), which is used only within that second. When the etcd lease runs out the cluster
-// deletes the owner key, and every later Txn that requires it fails. No client clock decides
+// own minimum, 2 s with the default election timeout); an etcd lease granted ahead of the
+// acquisition (ahead.go) is used only in the window of its life where etcd keeps it at least
+// the TTL from the acquisition's start and at most Options.AheadBound (1 s) more. When the
+// etcd lease runs out the cluster deletes the owner key, and every later Txn that requires it fails. No client clock decides
 // anything. Because etcd exposes no clock of its own, the times this backend reports are the
 // local clock's and informational: lease_until is the local time at grant plus the granted TTL
 // (an underestimate of when etcd will expire it), published_at is the publisher's local time,
@@ -106,7 +107,21 @@ type Options struct {
 	// which fits etcd's default --max-request-bytes; raise it only together with the
 	// cluster's --max-request-bytes and the client's MaxCallSendMsgSize.
 	MaxPayloadBytes int
+
+	// AheadBound is how much longer than its TTL, counted from the acquisition, the etcd lease
+	// of an acquisition may live when it was granted ahead of the acquisition (ahead.go): a
+	// holder that vanishes leaves the resource to others at most this much after its TTL, plus
+	// the delay with which etcd revokes expired leases (its lessor looks every 500 ms). A
+	// lease granted ahead serves a window of this length per second of its life, so a smaller
+	// bound keeps more leases alive for the same acquisitions, and costs throughput (measured
+	// in docs/BENCHMARKS.md). Default DefaultAheadBound, with which a lease serves from its
+	// grant for one second, as before the bound existed; negative: never grant ahead (every
+	// acquisition grants its own lease, rounded up to whole seconds: see above).
+	AheadBound time.Duration
 }
+
+// DefaultAheadBound is Options.AheadBound's default.
+const DefaultAheadBound = time.Second
 
 // Driver is the etcd backend. It is safe for concurrent use by multiple goroutines, as is the
 // *clientv3.Client it wraps.
@@ -129,7 +144,11 @@ var _ driver.Driver = (*Driver)(nil)
 // it open.
 func New(client *clientv3.Client, opts *Options) *Driver {
 	d := &Driver{cli: client, prefix: DefaultPrefix, maxPayload: DefaultMaxPayloadBytes}
+	d.ahead.bound = DefaultAheadBound
 	if opts != nil {
+		if opts.AheadBound != 0 {
+			d.ahead.bound = opts.AheadBound
+		}
 		if opts.Prefix != "" {
 			d.prefix = opts.Prefix
 		}

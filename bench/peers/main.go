@@ -64,6 +64,7 @@ var (
 	trials  = flag.Int("stale", 3, "stale-write trials per system")
 	only    = flag.String("only", "", "comma-separated system names to run (default: all)")
 	skipTTL = flag.Bool("skip-stale", false, "skip the stale-write workload (it waits for TTLs)")
+	aheadB  = flag.Duration("etcd-ahead-bound", 0, "fenced etcd's Options.AheadBound (0: its default)")
 )
 
 // errBusy is a refused try.
@@ -334,6 +335,28 @@ func report(systems []system, results map[string]*result) {
 		}
 	}
 	fmt.Println()
+	fmt.Println("The same ratios in each round (the systems took turns within a round):")
+	fmt.Println()
+	fmt.Println("| fenced | peer | p50 acquire+release, per round | pairs/s 16 clients, per round |")
+	fmt.Println("| --- | --- | --- | --- |")
+	for _, f := range systems {
+		if !strings.HasPrefix(f.name, "fenced") {
+			continue
+		}
+		for _, p := range systems {
+			if p.server != f.server || strings.HasPrefix(p.name, "fenced") {
+				continue
+			}
+			a, b := results[f.name], results[p.name]
+			var lat, thr []string
+			for i := range min(len(a.p50), len(b.p50)) {
+				lat = append(lat, fmt.Sprintf("%.2f", a.p50[i]/b.p50[i]))
+				thr = append(thr, fmt.Sprintf("%.2f", a.g16[i]/b.g16[i]))
+			}
+			fmt.Printf("| %s | %s | %s | %s |\n", f.name, p.name, strings.Join(lat, ", "), strings.Join(thr, ", "))
+		}
+	}
+	fmt.Println()
 	fmt.Println("Versions:", versions())
 }
 
@@ -480,7 +503,7 @@ func setup(ctx context.Context) ([]system, func(), error) {
 	}
 	cleanups = append(cleanups, func() { _ = ecli.Close() })
 	eprefix := "/fenced-peers/" + rand.Text()[:8] + "/"
-	est, err := store(ctx, fencedetcd.New(ecli, &fencedetcd.Options{Prefix: eprefix}), false)
+	est, err := store(ctx, fencedetcd.New(ecli, &fencedetcd.Options{Prefix: eprefix, AheadBound: *aheadB}), false)
 	if err != nil {
 		return fail(err)
 	}
