@@ -438,10 +438,10 @@ func (d *Driver) forget(resource string) {
 func (d *Driver) closeAhead() {
 	a := &d.ahead
 	a.mu.Lock()
-	a.closed = true
-	if a.stop != nil {
+	if a.stop != nil && !a.closed { // Close may be called twice
 		close(a.stop)
 	}
+	a.closed = true
 	a.mu.Unlock()
 	a.bg.Wait()
 	a.mu.Lock()

@@ -147,32 +147,24 @@ func TestLeaseGrantedAheadWindow(t *testing.T) {
 		}
 	})
 	t.Run("in the window", func(t *testing.T) {
+		// A bound of 5 s opens the window at the grant's answer and keeps it open 5 s, so that
+		// a loaded machine does not miss it; the window's sides are the subtests above.
 		const resource = "window ahead résource"
 		d, granted := aheadDriver(t, resource)
+		d.ahead.bound = 5 * time.Second // before its first acquisition
 		pooled := pooledLease(t, d, granted, resource, ttl)
-		for attempt := 1; ; attempt++ {
-			start, _, g := acquireInWindow(t, d, pooled, resource, "in window", ttl)
-			id, remaining := ownerLease(t, d, resource)
-			if id != pooled.id {
-				if attempt < 3 {
-					t.Logf("the acquisition started %v after the window opened and missed it; again", time.Since(start))
-					if ok, err := d.Release(testCtx(t), driver.LeaseRef{Resource: resource, Owner: "in window", Epoch: g.Epoch, Generation: g.Generation}); !ok || err != nil {
-						t.Fatalf("release: %v %v", ok, err)
-					}
-					pooled = pooledLease(t, d, granted, resource, ttl)
-					continue
-				}
-				t.Fatalf("the lease granted ahead was not used in its window (%d attempts)", attempt)
-			}
-			// TimeToLive truncates to whole seconds: at least the TTL from the start means at
-			// least the truncated rest of it now.
-			if want := int64((ttl - time.Since(start)) / time.Second); remaining < want {
-				t.Fatalf("the etcd lease has %d s left, less than the TTL %v from the acquisition's start", remaining, ttl)
-			}
-			if g.LeaseUntil.Before(start.Add(ttl)) {
-				t.Fatalf("reported until %v is before start + ttl %v", g.LeaseUntil, start.Add(ttl))
-			}
-			return
+		start, _, g := acquireInWindow(t, d, pooled, resource, "in window", ttl)
+		id, remaining := ownerLease(t, d, resource)
+		if id != pooled.id {
+			t.Fatalf("the lease granted ahead was not used in its window (the acquisition started %v after the grant was sent)", start.Sub(pooled.sent))
+		}
+		// TimeToLive truncates to whole seconds: at least the TTL from the start means at
+		// least the truncated rest of it now.
+		if want := int64((ttl - time.Since(start)) / time.Second); remaining < want {
+			t.Fatalf("the etcd lease has %d s left, less than the TTL %v from the acquisition's start", remaining, ttl)
+		}
+		if g.LeaseUntil.Before(start.Add(ttl)) {
+			t.Fatalf("reported until %v is before start + ttl %v", g.LeaseUntil, start.Add(ttl))
 		}
 	})
 }
@@ -213,8 +205,9 @@ func TestCrashedHolderHandover(t *testing.T) {
 			} else {
 				start, acquired, _ = acquireInWindow(t, d, pooled, resource, "vanishing", ttl)
 			}
-			if id, _ := ownerLease(t, d, resource); id != pooled.id {
-				t.Skipf("the acquisition started %v after the window opened and missed it", acquired.Sub(start))
+			// The window is 100 ms less a grant's round trip wide: a loaded machine may miss it.
+			if resp, err := d.cli.Get(ctx, d.keys(resource).owner); err != nil || len(resp.Kvs) != 1 || clientv3.LeaseID(resp.Kvs[0].Lease) != pooled.id {
+				t.Skipf("the acquisition (%v) missed the lease's window, or outlived its TTL: %v", acquired.Sub(start), err)
 			}
 			waiter := New(d.cli, &Options{Prefix: d.prefix})
 			t.Cleanup(func() { _ = waiter.Close() })
@@ -282,6 +275,7 @@ func TestReleasedLeaseServesOneAcquisitionAtATime(t *testing.T) {
 	ctx := testCtx(t)
 	const r1, r2, r3 = "one ресурс", "two\x00 resource", "three résource"
 	d, granted := aheadDriver(t, r1)
+	d.ahead.bound = 5 * time.Second // windows open from the grant for 5 s: a loaded machine does not miss them
 	for _, r := range []string{r2, r3} {
 		if err := d.Provision(ctx, r); err != nil {
 			t.Fatal(err)
@@ -296,17 +290,11 @@ func TestReleasedLeaseServesOneAcquisitionAtATime(t *testing.T) {
 	}
 	<-granted
 	// No more grants ahead from here on, so that the pool holds only what releases give back.
-	// The lease's window is opened now and kept open until its true end (it closes S + T - ttl
-	// after the grant was sent, which is unchanged), as if the grant's answer had come
-	// before the request: what this test checks does not depend on the window's width.
 	key := aheadSeconds(time.Minute, d.ahead.bound)
 	setPending := func(n int) {
 		d.ahead.mu.Lock()
 		defer d.ahead.mu.Unlock()
 		d.ahead.pending[key] = n
-		for i := range d.ahead.leases[key] {
-			d.ahead.leases[key][i].recv = d.ahead.leases[key][i].sent.Add(-5 * time.Second)
-		}
 	}
 	setPending(maxAhead)
 	defer setPending(0)
