@@ -72,6 +72,15 @@ type Config struct {
 	// settings once per process and goes on. Default false.
 	AllowNonDurable bool
 
+	// WaitPollMin and WaitPollMax bound AcquireWait's polling, the fallback for a wake-up the
+	// engine's signal did not bring (no signal on this engine, or its listening connection
+	// lost): the first retry after a busy answer comes after at most WaitPollMin, and the
+	// interval doubles, jittered, up to WaitPollMax. A holder's lease that runs out sooner, by
+	// the database's clock, is retried when it runs out whatever these say. Defaults
+	// DefaultWaitPollMin and DefaultWaitPollMax; WaitPollMin is raised to WaitPollMax when
+	// larger.
+	WaitPollMin, WaitPollMax time.Duration
+
 	// StrictDurability makes New also refuse a store whose durability settings could not be
 	// read (a hosted Redis that refuses CONFIG, for example); by default that is logged once
 	// per process. It cannot be combined with AllowNonDurable. Default false.
@@ -92,6 +101,8 @@ func (c *Config) withDefaults() (Config, error) {
 		return out, invalid("config", "ReleaseTimeout %s is negative", out.ReleaseTimeout)
 	case out.MaxTTL != 0 && (out.MaxTTL < MinTTL || out.MaxTTL > MaxTTL):
 		return out, invalid("config", "MaxTTL %s is outside %s to %s", out.MaxTTL, MinTTL, MaxTTL)
+	case out.WaitPollMin < 0 || out.WaitPollMax < 0:
+		return out, invalid("config", "WaitPollMin %s or WaitPollMax %s is negative", out.WaitPollMin, out.WaitPollMax)
 	case out.AllowNonDurable && out.StrictDurability:
 		return out, invalid("config", "AllowNonDurable and StrictDurability contradict each other")
 	}
@@ -104,6 +115,13 @@ func (c *Config) withDefaults() (Config, error) {
 	if out.ReleaseTimeout == 0 {
 		out.ReleaseTimeout = DefaultReleaseTimeout
 	}
+	if out.WaitPollMin == 0 {
+		out.WaitPollMin = DefaultWaitPollMin
+	}
+	if out.WaitPollMax == 0 {
+		out.WaitPollMax = DefaultWaitPollMax
+	}
+	out.WaitPollMin = min(out.WaitPollMin, out.WaitPollMax)
 	if out.Logger == nil {
 		out.Logger = slog.Default()
 	}

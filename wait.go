@@ -11,12 +11,10 @@ import (
 	"github.com/fenced-dev/fenced/driver"
 )
 
-// Polling bounds of AcquireWait: the first retry after a busy answer comes after at most
-// waitPollMin, and the interval doubles up to waitPollMax. A lease that runs out sooner, by
-// the database's clock, is retried when it runs out.
+// Default polling bounds of AcquireWait (Config.WaitPollMin and WaitPollMax).
 const (
-	waitPollMin = 5 * time.Millisecond
-	waitPollMax = time.Second
+	DefaultWaitPollMin = 5 * time.Millisecond
+	DefaultWaitPollMax = time.Second
 )
 
 // AcquireWait is Acquire that waits while the resource is busy: it returns the lease once an
@@ -30,17 +28,21 @@ const (
 // forced by a test.
 //
 // Each attempt is Acquire's one conditional statement; nothing is decided in Go. Between
-// attempts the waiter sleeps with a capped, jittered back-off, and never past the moment the
-// holder's lease runs out as the database's clock judges it (the row's expiry minus the
-// database's now, read after the busy answer): a waiter never compares the database's times
-// with its own clock. A lease released through this Store wakes the next waiter at once.
+// attempts the waiter sleeps with a capped, jittered back-off (Config.WaitPollMin and
+// WaitPollMax), and never past the moment the holder's lease runs out as the database's clock
+// judges it (the row's expiry minus the database's now, read after the busy answer; a lease
+// found already free by that read is retried at once): a waiter never compares the database's
+// times with its own clock. A lease released through this Store wakes the next waiter at once.
 //
 // Waiters of one resource in one Store are served first come, first served: only the
 // longest-waiting one asks the database, and the next starts when it leaves. Across Stores and
 // processes there is no order: whoever's statement comes first after the lease is free wins.
 // Where the driver can signal freed leases (driver.ReleaseNotifier: PostgreSQL's
-// LISTEN/NOTIFY), a release anywhere wakes the first waiter of every Store at once, while the
-// Store's listening connection is up; without it, the waiters fall back to the polling above.
+// LISTEN/NOTIFY, an etcd watch on the owner and epoch keys, Redis pub/sub published by the
+// scripts), a release, publish-and-release or epoch bump anywhere (and on etcd the end of the
+// lease's TTL) wakes the first waiter of every Store at once, while the Store's listening
+// connection is up; without it, the waiters fall back to the polling above
+// (drivertest's WaiterWokenBySignal and WaiterRetriesAtExpiry).
 func (s *Store) AcquireWait(ctx context.Context, resource string, ttl time.Duration) (*Lease, error) {
 	if err := validResource(resource); err != nil {
 		return nil, err
@@ -66,7 +68,7 @@ func (s *Store) AcquireWait(ctx context.Context, resource string, ttl time.Durat
 			s.waits.hook("no-signal", 0)
 		}
 	}
-	poll := waitPollMin
+	poll := s.cfg.WaitPollMin
 	attemptTimeout := s.cfg.ReleaseTimeout
 	if attemptTimeout == 0 {
 		attemptTimeout = DefaultReleaseTimeout
@@ -87,16 +89,20 @@ func (s *Store) AcquireWait(ctx context.Context, resource string, ttl time.Durat
 			return l, err
 		}
 		delay := poll
-		if st, rerr := s.Show(actx, resource); rerr == nil && st.Held() {
-			if left := st.LeaseUntil.Sub(st.Now); left < delay {
-				delay = max(left, 0)
+		if st, rerr := s.Show(actx, resource); rerr == nil {
+			// Free by now (the lease ran out or was released since the busy answer): retry
+			// at once. Held: retry when it runs out by the database's clock, or sooner.
+			left := time.Duration(0)
+			if st.Held() {
+				left = st.LeaseUntil.Sub(st.Now)
 			}
+			delay = min(delay, max(left, 0))
 		}
 		cancel()
 		// Jitter within the lower half, so that waiters of several processes spread out; the
 		// lease's end is never overshot.
 		delay -= rand.N(delay/2 + 1)
-		poll = min(2*poll, waitPollMax)
+		poll = min(2*poll, s.cfg.WaitPollMax)
 		if s.waits.hook != nil {
 			s.waits.hook("sleep", delay)
 		}
@@ -110,10 +116,10 @@ func (s *Store) AcquireWait(ctx context.Context, resource string, ttl time.Durat
 			return nil, fmt.Errorf("%w (gave up waiting: %w)", busy, ctx.Err())
 		case <-w.wake:
 			t.Stop()
-			poll = waitPollMin
+			poll = s.cfg.WaitPollMin
 		case <-freed: // the engine's signal: freed somewhere, perhaps in another process
 			t.Stop()
-			poll = waitPollMin
+			poll = s.cfg.WaitPollMin
 		case <-t.C:
 		}
 	}

@@ -191,7 +191,7 @@ func TestAcquireWaitUsesTheDatabaseClock(t *testing.T) {
 		t.Fatalf("waiter: %v", err)
 	}
 	for i, d := range delays[:sleeps] {
-		if d < waitPollMin/2 {
+		if d < DefaultWaitPollMin/2 {
 			t.Fatalf("sleep %d was %s: the waiter judged the lease by its own clock (delays %v)", i, d, delays)
 		}
 	}

@@ -25,8 +25,8 @@ const (
 // that resource. It starts with the first subscription and stops when the driver is closed or
 // the connection fails; the next subscription starts it again.
 type listener struct {
+	subs    driver.Subscribers
 	mu      sync.Mutex
-	subs    map[string]map[chan struct{}]struct{}
 	running bool
 	cancel  context.CancelFunc
 	done    chan struct{}
@@ -43,22 +43,7 @@ func (d *Driver) NotifyReleased(ctx context.Context, resource string) (<-chan st
 			return nil, nil, err
 		}
 	}
-	ch := make(chan struct{}, 1)
-	if l.subs == nil {
-		l.subs = map[string]map[chan struct{}]struct{}{}
-	}
-	if l.subs[resource] == nil {
-		l.subs[resource] = map[chan struct{}]struct{}{}
-	}
-	l.subs[resource][ch] = struct{}{}
-	stop := func() {
-		l.mu.Lock()
-		defer l.mu.Unlock()
-		delete(l.subs[resource], ch)
-		if len(l.subs[resource]) == 0 {
-			delete(l.subs, resource)
-		}
-	}
+	ch, stop := l.subs.Add(resource)
 	return ch, stop, nil
 }
 
@@ -95,30 +80,15 @@ func (d *Driver) listenLoop(ctx context.Context, conn *pgx.Conn, schema string, 
 			// signal that cannot come, and let the next subscription start again.
 			l.mu.Lock()
 			l.running = false
-			for _, chs := range l.subs {
-				for ch := range chs {
-					signal(ch)
-				}
-			}
 			l.mu.Unlock()
+			l.subs.SignalAll()
 			return
 		}
 		s, resource, ok := strings.Cut(n.Payload, "\n")
 		if !ok || s != schema {
 			continue // another schema's store in the same database
 		}
-		l.mu.Lock()
-		for ch := range l.subs[resource] {
-			signal(ch)
-		}
-		l.mu.Unlock()
-	}
-}
-
-func signal(ch chan struct{}) {
-	select {
-	case ch <- struct{}{}:
-	default:
+		l.subs.Signal(resource)
 	}
 }
 

@@ -77,7 +77,8 @@ func (r raw) one(ctx context.Context, s *goredis.Script, keys []string, args ...
 
 func (r raw) publish(ctx context.Context, s *goredis.Script, l driver.LeaseRef, p driver.Publication) (bool, error) {
 	keys := []string{r.d.Key(l.Resource), r.d.epochKey(), r.d.incarnationKey(), r.d.OperationKey(p.OpID)}
-	return r.one(ctx, s, keys, l.Owner, l.Generation, l.Epoch, p.Payload, p.SourceVersion, l.Resource)
+	return r.one(ctx, s, keys, l.Owner, l.Generation, l.Epoch, p.Payload, p.SourceVersion, l.Resource,
+		r.d.releasedChannel())
 }
 
 func (r raw) Publish(ctx context.Context, l driver.LeaseRef, p driver.Publication) (bool, error) {
@@ -89,7 +90,8 @@ func (r raw) PublishAndRelease(ctx context.Context, l driver.LeaseRef, p driver.
 }
 
 func (r raw) Release(ctx context.Context, l driver.LeaseRef) (bool, error) {
-	return r.one(ctx, scriptRelease, r.d.leaseKeys(l.Resource), l.Owner, l.Generation, l.Epoch)
+	return r.one(ctx, scriptRelease, r.d.leaseKeys(l.Resource), l.Owner, l.Generation, l.Epoch,
+		r.d.releasedChannel())
 }
 
 // ServerURLForTest is the Redis server the tests and benchmarks use: FENCED_TEST_REDIS, else

@@ -68,7 +68,7 @@ end
 					if v[0] != 1 {
 						return fmt.Errorf("not acquired: %v", v)
 					}
-					return release.Run(ctx, d.client, d.leaseKeys(resource), "owner", v[2], v[1]).Err()
+					return release.Run(ctx, d.client, d.leaseKeys(resource), "owner", v[2], v[1], d.releasedChannel()).Err()
 				}
 				resource := func() string {
 					r := fmt.Sprintf("bench résource %d", next.Add(1))

@@ -103,6 +103,7 @@ type Driver struct {
 	client goredis.UniversalClient
 	prefix string
 	owned  bool
+	listen listener // NotifyReleased's pub/sub connection and subscribers (notify.go)
 }
 
 var _ driver.Driver = (*Driver)(nil)
@@ -169,6 +170,7 @@ func (d *Driver) Key(resource string) string { return d.prefix + "r:{" + resourc
 
 // Close closes the client if Open created it.
 func (d *Driver) Close() error {
+	d.stopListening()
 	if d.owned {
 		return d.client.Close()
 	}
@@ -275,11 +277,13 @@ func (d *Driver) PublishAndRelease(ctx context.Context, l driver.LeaseRef, pub d
 // written by the same script, so both happen or neither does.
 func (d *Driver) publish(ctx context.Context, s *goredis.Script, name string, l driver.LeaseRef, pub driver.Publication) (bool, error) {
 	keys := []string{d.Key(l.Resource), d.epochKey(), d.incarnationKey(), d.OperationKey(pub.OpID)}
-	return d.ok(ctx, s, name, keys, l.Owner, l.Generation, l.Epoch, pub.Payload, pub.SourceVersion, l.Resource)
+	return d.ok(ctx, s, name, keys, l.Owner, l.Generation, l.Epoch, pub.Payload, pub.SourceVersion, l.Resource,
+		d.releasedChannel())
 }
 
 func (d *Driver) Release(ctx context.Context, l driver.LeaseRef) (bool, error) {
-	return d.ok(ctx, scriptRelease, "release", d.leaseKeys(l.Resource), l.Owner, l.Generation, l.Epoch)
+	return d.ok(ctx, scriptRelease, "release", d.leaseKeys(l.Resource), l.Owner, l.Generation, l.Epoch,
+		d.releasedChannel())
 }
 
 func (d *Driver) Read(ctx context.Context, resource string) (driver.State, error) {
@@ -401,7 +405,8 @@ func (d *Driver) operation(ctx context.Context, s *goredis.Script, name, opID st
 // the server's incarnation. That fences every lease of an earlier epoch at once: every
 // lease-carrying script compares the lease's epoch with the current one (scripts.go).
 func (d *Driver) BumpEpoch(ctx context.Context) (int64, error) {
-	return d.run(ctx, scriptBumpEpoch, "bump-epoch", []string{d.epochKey(), d.incarnationKey()}).Int64()
+	return d.run(ctx, scriptBumpEpoch, "bump-epoch", []string{d.epochKey(), d.incarnationKey()},
+		d.releasedChannel()).Int64()
 }
 
 // pruneBatch bounds the keys one prune script declares (and unpacks into one DEL).

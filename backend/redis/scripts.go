@@ -194,13 +194,14 @@ redis.call('HSET', KEYS[1], 'lease_until_us', string.format('%d', untilUs))
 return untilUs
 `
 
-// publishBody stores the payload and records the operation id as accepted, where the lease is
+// publishCheck and publishWrite store the payload and record the operation id as accepted,
+// where the lease is
 // current and unexpired, its generation has not published yet, the source version (if any) is
 // not older than the published one, and the operation id has no recorded outcome. The scripts
 // below return 1 when it did, 0 when refused.
 // KEYS: resource, epoch, incarnation, operation. ARGV: owner, generation, epoch, payload,
-// source version (0: none), resource name.
-const publishBody = serverNow + currentEpoch + checkIncarnation + holds + `
+// source version (0: none), resource name, and the released channel (notify.go).
+const publishCheck = serverNow + currentEpoch + checkIncarnation + holds + `
 local row = redis.call('HMGET', KEYS[1], 'owner', 'generation', 'epoch', 'lease_until_us',
   'published_generation', 'source_version')
 local sv = tonumber(ARGV[5])
@@ -211,6 +212,17 @@ recordBump()
 if refused then
   return 0
 end
+`
+
+// announce7 announces the lease that the script is about to free on the released channel
+// (ARGV[7]). It comes after every check and before the first write: PUBLISH is refused to a
+// user whose ACL lacks the channel, and that refusal must come before anything is written.
+// Subscribers hear it after the script ends (they are served after it, like every client).
+const announce7 = `
+redis.call('PUBLISH', ARGV[7], KEYS[1])
+`
+
+const publishWrite = `
 local at = string.format('%d', now)
 redis.call('HSET', KEYS[1], 'payload', ARGV[4], 'published_generation', ARGV[2],
   'published_epoch', ARGV[3], 'published_at_us', at)
@@ -221,24 +233,26 @@ redis.call('HSET', KEYS[4], 'outcome', 'accepted', 'resource', ARGV[6], 'epoch',
   'generation', ARGV[2], 'recorded_at_us', at)
 `
 
-const luaPublish = writes + publishBody + `
+const luaPublish = writes + publishCheck + publishWrite + `
 return 1
 `
 
-const luaPublishAndRelease = writes + publishBody + `
+const luaPublishAndRelease = writes + publishCheck + announce7 + publishWrite + `
 redis.call('HDEL', KEYS[1], 'owner', 'lease_until_us')
 return 1
 `
 
 // luaRelease frees the lease where owner, generation and epoch match and the epoch is the
 // current one, expired or not; it never touches the counters.
-// KEYS: resource, epoch, incarnation. ARGV: owner, generation, epoch.
+// It announces the freed lease on the released channel (notify.go).
+// KEYS: resource, epoch, incarnation. ARGV: owner, generation, epoch, released channel.
 const luaRelease = writes + serverNow + currentEpoch + checkIncarnation + `
 local row = redis.call('HMGET', KEYS[1], 'owner', 'generation', 'epoch')
 recordBump()
 if row[1] ~= ARGV[1] or row[2] ~= ARGV[2] or row[3] ~= ARGV[3] or ARGV[3] ~= epoch then
   return 0
 end
+redis.call('PUBLISH', ARGV[4], KEYS[1])
 redis.call('HDEL', KEYS[1], 'owner', 'lease_until_us')
 return 1
 `
@@ -289,7 +303,8 @@ return redis.call('HMGET', KEYS[1], 'outcome', 'resource', 'epoch', 'generation'
 
 // luaBumpEpoch sets the epoch to max(epoch + 1, TIME in microseconds), records the server's
 // incarnation, and returns the epoch. That alone frees every lease: see Epochs above. A missing
-// key is an error: Migrate creates it. KEYS: epoch, incarnation.
+// key is an error: Migrate creates it. It announces the freed leases on the released channel
+// with the epoch key as the message. KEYS: epoch, incarnation. ARGV: released channel.
 const luaBumpEpoch = writes + serverNow + serverIncarnation + `
 local epoch = redis.call('GET', KEYS[1])
 if not epoch then
@@ -300,6 +315,7 @@ if not incarnation or not tonumber(epoch) then
   return redis.error_reply('ERR fenced: INFO does not report run_id and master_replid, or the epoch is not a number')
 end
 local bumped = math.max(tonumber(epoch) + 1, now)
+redis.call('PUBLISH', ARGV[1], KEYS[1])
 redis.call('SET', KEYS[1], string.format('%d', bumped))
 redis.call('SET', KEYS[2], incarnation)
 return bumped

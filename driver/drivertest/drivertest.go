@@ -106,6 +106,8 @@ func Run(t *testing.T, newTarget NewTarget) {
 		{"SmallEpochKeepsWorking", testSmallEpoch},
 		{"TotalLossNeverReissuesAToken", testTotalLoss},
 		{"TotalLossAfterABump", testTotalLossAfterBump},
+		{"WaiterWokenBySignal", testWokenBySignal},
+		{"WaiterRetriesAtExpiry", testWaiterRetriesAtExpiry},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
