@@ -507,9 +507,25 @@ func validResource(r string) error {
 // *InvalidError.
 func ValidateOpID(id string) error { return validOpID(id) }
 
-// ValidateOwner checks an owner identity given from outside (a command line, another process)
-// before anything is sent. It returns *InvalidError.
-func ValidateOwner(o string) error { return validToken("owner", o) }
+// ValidateOwner checks an owner identity given from outside (a command line, another process,
+// a service's client) before anything is sent: 1 to MaxOwnerLen bytes of UTF-8 without control
+// characters (spaces and any other script are fine). It returns *InvalidError.
+func ValidateOwner(o string) error {
+	switch {
+	case o == "":
+		return invalid("owner", "it is empty")
+	case len(o) > MaxOwnerLen:
+		return invalid("owner", "it is %d bytes long; the limit is %d", len(o), MaxOwnerLen)
+	case !utf8.ValidString(o):
+		return invalid("owner", "it is not valid UTF-8")
+	}
+	for _, c := range o {
+		if unicode.IsControl(c) {
+			return invalid("owner", "it contains the control character %q", c)
+		}
+	}
+	return nil
+}
 
 func validOpID(id string) error { return validToken("operation id", id) }
 

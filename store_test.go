@@ -27,7 +27,12 @@ func TestValidOwner(t *testing.T) {
 	if err := ValidateOwner(newID()); err != nil {
 		t.Fatalf("a generated owner is invalid: %v", err)
 	}
-	for _, bad := range []string{"", "a b", "é", strings.Repeat("o", MaxOwnerLen+1)} {
+	for _, good := range []string{"holder ü", "所有者", "a b", strings.Repeat("é", MaxOwnerLen/2)} {
+		if err := ValidateOwner(good); err != nil {
+			t.Errorf("%q: %v", good, err)
+		}
+	}
+	for _, bad := range []string{"", "a\x00b", "tab\t", "\xff\xfe", strings.Repeat("é", MaxOwnerLen/2+1)} {
 		if err := ValidateOwner(bad); !errors.Is(err, ErrInvalid) {
 			t.Errorf("%q: %v, want ErrInvalid", bad, err)
 		}

@@ -15,6 +15,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/fenced-dev/fenced/backend/postgres"
+	"github.com/fenced-dev/fenced/backend/postgres/pgtest"
 	"github.com/fenced-dev/fenced/backend/sqlite"
 	"github.com/fenced-dev/fenced/driver"
 	"github.com/fenced-dev/fenced/driver/drivertest"
@@ -27,6 +28,9 @@ type backing struct {
 	expire   func(ctx context.Context, resource string) error
 	setEpoch func(ctx context.Context, epoch int64) error
 	lose     func(ctx context.Context) error // destroy the store; the next open starts anew
+	// holdRowLock is the engine's (drivertest.Target.HoldRowLock); nil: noRowLock says why.
+	holdRowLock func(ctx context.Context, resource string, mode drivertest.RowLockMode) (drivertest.RowLock, error)
+	noRowLock   string
 }
 
 // remoteTarget runs the conformance suite through a service over b: every driver the suite
@@ -44,11 +48,11 @@ func remoteTarget(t *testing.T, b backing) drivertest.Target {
 			return client(t, p.Addr(), ""), p.LoseNextReply
 		},
 		Unreachable: func(t *testing.T) driver.Driver { return client(t, drivertest.ClosedAddr(t), "") },
-		// The row-lock schedule presents the owner "holder ü" straight to the driver; the
-		// service takes owners as the library makes them (printable ASCII, fenced.ValidateOwner)
-		// and refuses it as invalid. The statements the service runs are the backend's own,
-		// and backend/postgres runs that schedule on them directly.
-		NoRowLock: "the service refuses the schedule's non-ASCII owner (fenced.ValidateOwner); backend/postgres runs it on the same statements",
+		// The row-lock schedule's statements are the service's (its owner "holder ü" goes in
+		// the JSON body and percent-encoded in Fenced-Owner); the lock is held by a session of
+		// the engine's own, beside the service.
+		HoldRowLock: b.holdRowLock,
+		NoRowLock:   b.noRowLock,
 		LoseEverything: func(ctx context.Context) error {
 			if err := b.lose(ctx); err != nil {
 				return err
@@ -72,7 +76,8 @@ func sqliteBacking(t testing.TB) backing {
 	}
 	admin := open(t).(*sqlite.Driver)
 	return backing{
-		open: open,
+		noRowLock: "SQLite has no row locks: a writing statement waits for the database's one write lock",
+		open:      open,
 		expire: func(ctx context.Context, resource string) error {
 			_, err := admin.DB().ExecContext(ctx, `UPDATE fenced_resources
 				SET lease_until = CAST(unixepoch('subsec') * 1000000 AS INTEGER) - 1000000
@@ -160,6 +165,7 @@ func postgresBacking(t testing.TB) backing {
 			_, err := admin.Exec(ctx, "DROP SCHEMA "+schema+" CASCADE; CREATE SCHEMA "+schema)
 			return err
 		},
+		holdRowLock: pgtest.HoldRowLock(rawURL),
 	}
 }
 

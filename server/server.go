@@ -23,6 +23,7 @@ import (
 	"log/slog"
 	"math"
 	"net/http"
+	"net/url"
 	"strconv"
 	"time"
 
@@ -36,6 +37,9 @@ import (
 var OpenAPI []byte
 
 // Request headers of the publish operations, which carry the raw payload as their body.
+// HeaderOwner's value is percent-encoded (RFC 3986, as url.PathEscape writes it), since an
+// owner may be any UTF-8 and a header value is ASCII; an ASCII owner without "%" is its own
+// encoding.
 const (
 	HeaderOwner         = "Fenced-Owner"
 	HeaderToken         = "Fenced-Token"
@@ -557,7 +561,14 @@ func (s *Server) renew(w http.ResponseWriter, r *http.Request) {
 
 func (s *Server) publish(release bool) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
-		l, err := s.leaseFor(r.PathValue("name"), r.Header.Get(HeaderOwner), r.Header.Get(HeaderToken))
+		owner, err := url.PathUnescape(r.Header.Get(HeaderOwner))
+		if err != nil {
+			err = &fenced.InvalidError{Arg: "owner", Reason: "the " + HeaderOwner + " header is not percent-encoded correctly"}
+		}
+		var l *fenced.Lease
+		if err == nil {
+			l, err = s.leaseFor(r.PathValue("name"), owner, r.Header.Get(HeaderToken))
+		}
 		opts := []fenced.PublishOption{}
 		opID := r.Header.Get(HeaderOpID)
 		if err == nil && opID != "" {

@@ -8,6 +8,7 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"net/url"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -340,5 +341,68 @@ func TestClientClassifiesAnswers(t *testing.T) {
 				t.Fatalf("publish: %v; want not applied: %v", err, c.notApplied)
 			}
 		})
+	}
+}
+
+// TestUTF8OwnersThroughService: an owner in any script, with spaces, is installed from the
+// JSON body and named in Fenced-Owner percent-encoded; the remote driver does the same. A
+// header that is not a correct percent-encoding, and an owner with a control character, are
+// refused as invalid before anything is sent to the database.
+func TestUTF8OwnersThroughService(t *testing.T) {
+	h, store := sqliteService(t, nil)
+	const resource = "ресурс ü 資源"
+	if err := store.Provision(testCtx(t), resource); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := store.BumpEpoch(testCtx(t)); err != nil {
+		t.Fatal(err)
+	}
+	path := "/v1/resources/" + url.PathEscape(resource)
+	const owner = "владелец 所有者 ü"
+	a := call(t, h, "", "POST", path+"/acquire", nil, mustJSON(t, map[string]any{"ttl_ms": 60000, "owner": owner}))
+	if a.status != 200 {
+		t.Fatalf("acquire with owner %q: %d %s", owner, a.status, a.body)
+	}
+	var l server.Lease
+	if err := json.Unmarshal(a.body, &l); err != nil {
+		t.Fatal(err)
+	}
+	if l.Owner != owner {
+		t.Fatalf("installed owner %q, want %q", l.Owner, owner)
+	}
+	pub := func(ownerHeader string) answer {
+		return call(t, h, "", "POST", path+"/publish", map[string]string{"Content-Type": "application/octet-stream",
+			server.HeaderOwner: ownerHeader, server.HeaderToken: l.Token}, []byte("v\x00"))
+	}
+	if a := pub("%zz"); a.status != 400 || a.problem(t).Type != server.TypeInvalid {
+		t.Fatalf("a bad percent-encoding: %d %s, want 400 invalid", a.status, a.body)
+	}
+	if st, err := store.Show(testCtx(t), resource); err != nil || st.PublishedGeneration != 0 {
+		t.Fatalf("after the refused request: %+v, %v; want nothing published", st, err)
+	}
+	if a := pub(url.PathEscape(owner)); a.status != 200 {
+		t.Fatalf("publish as %q: %d %s", owner, a.status, a.body)
+	}
+	bad := call(t, h, "", "POST", path+"/release", nil, mustJSON(t, map[string]any{"owner": "a\u0007b", "token": l.Token}))
+	if bad.status != 400 || bad.problem(t).Type != server.TypeInvalid {
+		t.Fatalf("an owner with a control character: %d %s, want 400 invalid", bad.status, bad.body)
+	}
+	if a := call(t, h, "", "POST", path+"/release", nil, mustJSON(t, map[string]any{"owner": owner, "token": l.Token})); a.status != 204 {
+		t.Fatalf("release as %q: %d %s", owner, a.status, a.body)
+	}
+
+	// The remote driver: acquire with a chosen owner, publish-and-release (Fenced-Owner).
+	rs := remoteStore(t, h, "")
+	rl, err := rs.Driver().Acquire(testCtx(t), resource, owner, time.Minute)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ref := driver.LeaseRef{Resource: resource, Owner: owner, Epoch: rl.Epoch, Generation: rl.Generation}
+	if ok, err := rs.Driver().PublishAndRelease(testCtx(t), ref, driver.Publication{OpID: "utf8-owner", Payload: []byte("w\x00")}); err != nil || !ok {
+		t.Fatalf("publish-and-release through the remote driver as %q: %v, %v", owner, ok, err)
+	}
+	st, err := store.Show(testCtx(t), resource)
+	if err != nil || st.Held() || st.PublishedGeneration != rl.Generation {
+		t.Fatalf("after publish-and-release: %+v, %v", st, err)
 	}
 }

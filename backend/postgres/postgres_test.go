@@ -16,6 +16,7 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/fenced-dev/fenced"
+	"github.com/fenced-dev/fenced/backend/postgres/pgtest"
 	"github.com/fenced-dev/fenced/driver"
 	"github.com/fenced-dev/fenced/driver/drivertest"
 )
@@ -108,7 +109,7 @@ func newTarget(params map[string]string) drivertest.NewTarget {
 			Unreachable:    unreachable,
 			LoseEverything: func(ctx context.Context) error { return recreateSchema(ctx, rawURL) },
 			SetEpoch:       setEpochWith(admin),
-			HoldRowLock:    holdRowLock(rawURL),
+			HoldRowLock:    pgtest.HoldRowLock(rawURL),
 		}
 	}
 }

@@ -14,6 +14,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/fenced-dev/fenced"
+	"github.com/fenced-dev/fenced/backend/postgres/pgtest"
 	"github.com/fenced-dev/fenced/driver"
 	"github.com/fenced-dev/fenced/driver/drivertest"
 )
@@ -331,7 +332,7 @@ func grantedTarget(params map[string]string) drivertest.NewTarget {
 				return owner.Grant(ctx, role, adminSpec)
 			},
 			SetEpoch:    setEpochWith(admin),
-			HoldRowLock: holdRowLock(rawURL),
+			HoldRowLock: pgtest.HoldRowLock(rawURL),
 		}
 	}
 }

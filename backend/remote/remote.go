@@ -377,7 +377,7 @@ func (d *Driver) Renew(ctx context.Context, l driver.LeaseRef, ttl time.Duration
 func (d *Driver) publish(ctx context.Context, op, verb string, l driver.LeaseRef, pub driver.Publication) (bool, error) {
 	h := http.Header{}
 	h.Set("Content-Type", "application/octet-stream")
-	h.Set("Fenced-Owner", l.Owner)
+	h.Set("Fenced-Owner", url.PathEscape(l.Owner)) // any UTF-8; the header is percent-encoded
 	h.Set("Fenced-Token", fmt.Sprintf("%d.%d", l.Epoch, l.Generation))
 	h.Set("Fenced-Op-Id", pub.OpID)
 	if pub.SourceVersion > 0 {
