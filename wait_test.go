@@ -21,7 +21,7 @@ import (
 
 // postgresTestSchema returns a URL on a schema of its own, dropped at the end. Without a server
 // it skips loudly, and fails under CI (as drivertest.ServerURL, which this package cannot import).
-func postgresTestSchema(t *testing.T) string {
+func postgresTestSchema(t testing.TB) string {
 	base := os.Getenv("FENCED_TEST_POSTGRES")
 	if base == "" {
 		base = "postgres://postgres@127.0.0.1:5432/postgres?sslmode=disable"
@@ -62,6 +62,22 @@ func postgresTestSchema(t *testing.T) string {
 	q.Set("search_path", schema)
 	u.RawQuery = q.Encode()
 	return u.String()
+}
+
+// postgresStore opens a store with a pool and listening connection of its own on url, as
+// another process would.
+func postgresStore(t testing.TB, url string, cfg *Config) *Store {
+	t.Helper()
+	d, err := postgres.Open(context.Background(), url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, err := New(context.Background(), d, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = s.Close() })
+	return s
 }
 
 // waitStore opens a store on a new SQLite file, its epoch bumped so that epoch != generation.
@@ -236,19 +252,7 @@ func TestAcquireWaitGivesUpWithCtx(t *testing.T) {
 // signal of the release (LISTEN/NOTIFY) can wake it.
 func TestAcquireWaitWokenByPostgres(t *testing.T) {
 	url := postgresTestSchema(t)
-	open := func() *Store {
-		d, err := postgres.Open(context.Background(), url)
-		if err != nil {
-			t.Fatal(err)
-		}
-		s, err := New(context.Background(), d, nil)
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { _ = s.Close() })
-		return s
-	}
-	holderStore, waiterStore := open(), open()
+	holderStore, waiterStore := postgresStore(t, url, nil), postgresStore(t, url, nil)
 	ctx := context.Background()
 	if err := holderStore.Provision(ctx, waitResource); err != nil {
 		t.Fatal(err)

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"runtime"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -18,7 +19,8 @@ import (
 //
 //	go test -run '^$' -bench Cycle -count 6 ./server | benchstat -col /impl -
 //
-// "parallel" runs GOMAXPROCS×8 clients at once, each on a resource of its own.
+// "clients=N" runs N clients at once (goroutines, each on a resource of its own; through the
+// service they share the remote driver's keep-alive connections), and reports cycles/s.
 func BenchmarkCycle(b *testing.B) {
 	for _, db := range []string{"postgres", "sqlite"} {
 		b.Run("db="+db, func(b *testing.B) {
@@ -35,8 +37,10 @@ func BenchmarkCycle(b *testing.B) {
 				name  string
 				store *fenced.Store
 			}{{"library", direct}, {"service", remoteS}} {
-				b.Run("impl="+impl.name, func(b *testing.B) { cycle(b, impl.store, impl.name, false) })
-				b.Run("impl="+impl.name+"/parallel", func(b *testing.B) { cycle(b, impl.store, impl.name, true) })
+				b.Run("impl="+impl.name, func(b *testing.B) { cycle(b, impl.store, impl.name, 1) })
+				for _, n := range []int{16, 64} {
+					b.Run(fmt.Sprintf("impl=%s/clients=%d", impl.name, n), func(b *testing.B) { cycle(b, impl.store, impl.name, n) })
+				}
 			}
 		})
 	}
@@ -44,7 +48,7 @@ func BenchmarkCycle(b *testing.B) {
 
 var benchRun atomic.Int64
 
-func cycle(b *testing.B, s *fenced.Store, name string, parallel bool) {
+func cycle(b *testing.B, s *fenced.Store, name string, clients int) {
 	ctx := context.Background()
 	run := benchRun.Add(1)
 	one := func(resource string) {
@@ -56,7 +60,7 @@ func cycle(b *testing.B, s *fenced.Store, name string, parallel bool) {
 			b.Fatal(err)
 		}
 	}
-	if !parallel {
+	if clients == 1 {
 		resource := fmt.Sprintf("bench %d %s", run, name)
 		if err := s.Provision(ctx, resource); err != nil {
 			b.Fatal(err)
@@ -68,8 +72,10 @@ func cycle(b *testing.B, s *fenced.Store, name string, parallel bool) {
 		return
 	}
 	var worker atomic.Int64
-	b.SetParallelism(8)
+	b.SetParallelism(max(1, clients/runtime.GOMAXPROCS(0)))
 	b.ResetTimer()
+	start := time.Now()
+	defer func() { b.ReportMetric(float64(b.N)/time.Since(start).Seconds(), "cycles/s") }()
 	b.RunParallel(func(pb *testing.PB) {
 		resource := fmt.Sprintf("bench %d %s %d", run, name, worker.Add(1))
 		if err := s.Provision(ctx, resource); err != nil {

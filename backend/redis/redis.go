@@ -57,6 +57,18 @@
 // before its first write (scripts.go). A read or write error on the connection after sending,
 // or a timeout waiting for the reply, leaves the outcome unknown.
 //
+// # Waking waiters
+//
+// The release, publish-and-release and bump-epoch scripts PUBLISH the freed resource's key (the
+// epoch key for a bump) on the channel KeyPrefix + "released", after their checks and before
+// their first write; fenced.Store.AcquireWait's waiters subscribe on one connection per Driver
+// (NotifyReleased). A Redis user restricted by an ACL needs that channel (&fenced:released with
+// the default prefix): without it those scripts are refused, and write nothing. Pub/sub is not
+// persisted: while the subscription's connection is down, messages are lost, so its loss wakes
+// every waiter, and they poll until go-redis has subscribed again. The end of a lease's TTL
+// publishes nothing (it is a field compared with TIME): waiters time that retry from the
+// server's clock.
+//
 // # Payloads
 //
 // Redis stores strings of up to 512 MB (proto-max-bulk-len), but a payload is copied into the

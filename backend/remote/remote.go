@@ -101,6 +101,10 @@ func Open(rawURL string, opts *Options) (*Driver, error) {
 	d := &Driver{base: u, client: o.Client, token: o.BearerToken}
 	if d.client == nil {
 		tr := http.DefaultTransport.(*http.Transport).Clone()
+		// One host only: keep as many idle connections as there are concurrent callers, not
+		// the default 2, so that concurrent callers reuse connections instead of dialling
+		// (and leaving TIME_WAIT sockets) on nearly every request.
+		tr.MaxIdleConnsPerHost = tr.MaxIdleConns
 		if o.TLS != nil {
 			tr.TLSClientConfig = o.TLS
 		}

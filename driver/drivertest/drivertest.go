@@ -469,7 +469,7 @@ func testBadInput(t *testing.T, e *env) {
 		{"bad epoch", func() error { _, err := s.LeaseFor("r", l.Owner(), fenced.Token{Epoch: 0, Generation: 1}); return err }()},
 		{"bad operation id", l.Publish(ctx(t), []byte("x"), fenced.WithOpID("has space"))},
 		{"negative source version", l.Publish(ctx(t), []byte("x"), fenced.WithSourceVersion(-1))},
-		{"bad owner", func() error { _, err := s.LeaseFor("r", "has space", l.Token()); return err }()},
+		{"bad owner", func() error { _, err := s.LeaseFor("r", "has\x00nul", l.Token()); return err }()},
 	}
 	for _, c := range checks {
 		var ie *fenced.InvalidError

@@ -395,7 +395,7 @@ func TestExitCodes(t *testing.T) {
 			{"renew", "r", "--owner", l.Owner, "--ttl", "1s"}, // no generation
 			{"publish", "r", "--owner", l.Owner, "--generation", "x"},
 			{"publish", "r", "--owner", l.Owner, "--generation", "0"},
-			{"publish", "r", "--owner", "has space", "--generation", "1"},
+			{"publish", "r", "--owner", "has\ttab", "--generation", "1"},
 			{"release", "r", "--generation", "1"}, // no owner
 			{"--db", "oracle://u@localhost/d", "show", "r"},
 			{"--db", "fenced.db", "show", "r"},
