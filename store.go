@@ -77,8 +77,7 @@ type Config struct {
 	// lost): the first retry after a busy answer comes after at most WaitPollMin, and the
 	// interval doubles, jittered, up to WaitPollMax. A holder's lease that runs out sooner, by
 	// the database's clock, is retried when it runs out whatever these say. Defaults
-	// DefaultWaitPollMin and DefaultWaitPollMax; WaitPollMin is raised to WaitPollMax when
-	// larger.
+	// DefaultWaitPollMin and DefaultWaitPollMax; a WaitPollMin above WaitPollMax is lowered to it.
 	WaitPollMin, WaitPollMax time.Duration
 
 	// StrictDurability makes New also refuse a store whose durability settings could not be
