@@ -11,6 +11,7 @@ import (
 	"path/filepath"
 
 	"github.com/fenced-dev/fenced"
+	"github.com/fenced-dev/fenced/cmd/fenced/torture"
 	"github.com/fenced-dev/fenced/destination/artifact"
 	"github.com/fenced-dev/fenced/driver"
 	"github.com/fenced-dev/fenced/internal/pointer"
@@ -127,30 +128,37 @@ func (d *artifactDriver) ReadPayload(ctx context.Context, resource string) ([]by
 	if err != nil || gen == 0 {
 		return payload, gen, err
 	}
+	got, err := d.follow(ctx, resource, payload, gen)
+	return got, gen, err
+}
+
+// follow reads the artifact a pointer names and returns the payload it carries, or, when the
+// object cannot be read back exactly, a description of why, as the payload.
+func (d *artifactDriver) follow(ctx context.Context, resource string, payload []byte, gen int64) ([]byte, error) {
 	p, err := artifact.DecodePointer(resource, payload)
 	if err != nil {
-		return unreadable(err), gen, nil
+		return unreadable(err), nil
 	}
 	r, err := artifact.OpenPointer(ctx, d.b, resource, p, gen)
 	switch {
 	case errors.Is(err, artifact.ErrMissing), errors.Is(err, artifact.ErrCorrupt):
-		return unreadable(err), gen, nil
+		return unreadable(err), nil
 	case err != nil:
-		return nil, 0, err
+		return nil, err
 	}
 	defer r.Close()
 	content, err := io.ReadAll(r)
 	switch {
 	case errors.Is(err, artifact.ErrCorrupt):
-		return unreadable(err), gen, nil
+		return unreadable(err), nil
 	case err != nil:
-		return nil, 0, err
+		return nil, err
 	}
 	got, ok := payloadOf(content)
 	if !ok {
-		return unreadable(errors.New("the artifact's bytes are not those of any publication")), gen, nil
+		return unreadable(errors.New("the artifact's bytes are not those of any publication")), nil
 	}
-	return got, gen, nil
+	return got, nil
 }
 
 func unreadable(err error) []byte { return []byte("UNREADABLE ARTIFACT: " + err.Error()) }
@@ -232,6 +240,9 @@ func (t *tortureRun) openArtifacts(ctx context.Context, drv driver.Driver, dir s
 		_ = b.Close()
 		return nil, err
 	}
+	if t.copier != nil {
+		t.copier = artifactCopier{t.copier, ad}
+	}
 	fmt.Fprintf(t.a.stdout, "artifacts in %s\n", t.storeURL)
 	return ad, nil
 }
@@ -251,4 +262,30 @@ func workerArtifacts(ctx context.Context, drv driver.Driver, storeURL, mutant st
 		return nil, err
 	}
 	return newArtifactDriver(ctx, drv, b, artifactMutant)
+}
+
+// artifactCopier is the restore fault's copier under --artifacts: the copy's payloads are
+// pointers, and the history records what they carry, as every other payload in it.
+type artifactCopier struct {
+	storeCopier
+	d *artifactDriver
+}
+
+func (c artifactCopier) take(ctx context.Context) (map[string]torture.State, error) {
+	snap, err := c.storeCopier.take(ctx)
+	if err != nil {
+		return nil, err
+	}
+	for res, st := range snap {
+		if st.PublishedGeneration == 0 || !artifact.IsPointer([]byte(st.Payload)) {
+			continue
+		}
+		payload, err := c.d.follow(ctx, res, []byte(st.Payload), st.PublishedGeneration)
+		if err != nil {
+			return nil, fmt.Errorf("read the copy's artifact of %s: %w", res, err)
+		}
+		st.Payload = string(payload)
+		snap[res] = st
+	}
+	return snap, nil
 }
