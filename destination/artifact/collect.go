@@ -36,7 +36,7 @@ type Report struct {
 	Staged int
 }
 
-// ErrStoreWentBack: the database shows less history than the artifact store has evidence of
+// ErrStoreWentBack is returned when the database shows less history than the artifact store has evidence of
 // (it was restored from an older copy, or failed over to a replica that lost commits), so
 // Collect cannot trust its rows to say which attempts are over, and deleted nothing more.
 var ErrStoreWentBack = errors.New("the database went back in time (restored from an older copy or lost commits); run `fenced epoch bump`, then collect again")
