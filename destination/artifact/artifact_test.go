@@ -345,10 +345,10 @@ func TestCreateOnly(t *testing.T) {
 		t.Run(st.name, func(t *testing.T) {
 			ctx, b := testCtx(t), st.open(t)
 			key := objectKey(resource, "owner", fenced.Token{Epoch: 3, Generation: 1}, newNonce())
-			if err := b.put(ctx, key, "", strings.NewReader("first")); err != nil {
+			if _, _, err := b.put(ctx, key, "", strings.NewReader("first")); err != nil {
 				t.Fatal(err)
 			}
-			err := b.put(ctx, key, "", strings.NewReader("second"))
+			_, _, err := b.put(ctx, key, "", strings.NewReader("second"))
 			if !errors.Is(err, ErrExists) {
 				t.Fatalf("second upload of %q: %v, want ErrExists", key, err)
 			}
@@ -395,7 +395,10 @@ func raceCommits(t *testing.T) int {
 	defer func() { testHookBeforeCommit = nil }()
 	errs := make(chan error, 2)
 	for i := range 2 {
-		go func() { errs <- b.put(ctx, key, "", strings.NewReader(fmt.Sprint("writer ", i))) }()
+		go func() {
+			_, _, err := b.put(ctx, key, "", strings.NewReader(fmt.Sprint("writer ", i)))
+			errs <- err
+		}()
 	}
 	n := 0
 	for range 2 {

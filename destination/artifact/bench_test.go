@@ -28,7 +28,7 @@ import (
 // keep the disk use down, e.g. -bench 'Artifact/size=1GiB' -benchtime 3x.
 func BenchmarkArtifact(b *testing.B) {
 	for _, size := range []int64{16 << 20, 256 << 20, 1 << 30} {
-		for _, impl := range []string{"raw", "fenced"} {
+		for _, impl := range []string{"raw", "raw+fsync", "fenced"} {
 			b.Run(fmt.Sprintf("size=%s/impl=%s", sizeName(size), impl), func(b *testing.B) {
 				benchArtifact(b, impl, size)
 			})
@@ -82,10 +82,18 @@ func benchArtifact(b *testing.B, impl string, size int64) {
 		src := &patternReader{n: size}
 		var key string
 		switch impl {
-		case "raw":
+		case "raw", "raw+fsync":
 			key = fmt.Sprintf("raw/%d", i)
 			if err := raw.Upload(ctx, key, src, &blob.WriterOptions{ContentType: "application/octet-stream"}); err != nil {
 				b.Fatal(err)
+			}
+			if impl == "raw+fsync" { // what a store that keeps its bytes across a crash must add
+				if err := syncPath(filepath.Join(dir, "store", key)); err != nil {
+					b.Fatal(err)
+				}
+				if err := syncDir(filepath.Join(dir, "store", "raw")); err != nil {
+					b.Fatal(err)
+				}
 			}
 			if err := lease.PublishAndRelease(ctx, []byte(`{"key":"`+key+`","sha256":"`+strings.Repeat("0", 64)+`","size":1}`)); err != nil {
 				b.Fatal(err)
@@ -128,6 +136,15 @@ func benchArtifact(b *testing.B, impl string, size int64) {
 	b.ReportMetric(peakRSSMiB(b), "peak-RSS-MiB")
 	b.ReportMetric(float64(publishTime.Nanoseconds())/float64(b.N), "publish-ns/op")
 	b.ReportMetric(float64(readTime.Nanoseconds())/float64(b.N), "read-ns/op")
+}
+
+func syncPath(path string) error {
+	f, err := os.Open(path)
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	return f.Sync()
 }
 
 // patternReader yields n bytes of a repeating pattern without holding them.

@@ -3,6 +3,7 @@ package artifact
 import (
 	"context"
 	"crypto/rand"
+	"crypto/sha256"
 	"errors"
 	"fmt"
 	"io"
@@ -123,64 +124,127 @@ func (b *Bucket) Close() error { return b.b.Close() }
 // before the create-only commit, so a test can line up two writers there.
 var testHookBeforeCommit func(key string)
 
-// put streams r to key, refusing to replace an existing object; it returns ErrExists when the
-// key is taken. Nothing is left under key when it fails.
-func (b *Bucket) put(ctx context.Context, key, contentType string, r io.Reader) error {
+// put streams r to key, refusing to replace an existing object, and returns the SHA-256 and
+// the size of what it stored; it returns ErrExists when the key is taken. Nothing is left under
+// key when it fails.
+func (b *Bucket) put(ctx context.Context, key, contentType string, r io.Reader) ([]byte, int64, error) {
 	if b.dir != "" {
 		return b.putFile(ctx, key, r)
 	}
 	if contentType == "" {
 		contentType = "application/octet-stream"
 	}
+	h := sha256.New()
+	cr := &countingReader{r: io.TeeReader(r, h)}
 	// Upload, not NewWriter and Copy: it hands r to the driver in one call (azureblob's
 	// pipe-based writer panics in Close after a refused conditional write), and a read error
 	// from r aborts the upload before anything is committed.
-	err := b.b.Upload(ctx, key, r, &blob.WriterOptions{ContentType: contentType, IfNotExist: true})
+	err := b.b.Upload(ctx, key, cr, &blob.WriterOptions{ContentType: contentType, IfNotExist: true})
 	if err != nil {
 		if gcerrors.Code(err) == gcerrors.FailedPrecondition {
-			return fmt.Errorf("%q: %w", key, ErrExists)
+			return nil, 0, fmt.Errorf("%q: %w", key, ErrExists)
 		}
-		return err
+		return nil, 0, err
 	}
-	return nil
+	return h.Sum(nil), cr.n, nil
 }
 
 // putFile stages the bytes in a temporary file, syncs it, and links it to the key's path: link
 // fails if the path exists, in one system call, whatever other writers do.
-func (b *Bucket) putFile(ctx context.Context, key string, r io.Reader) error {
+func (b *Bucket) putFile(ctx context.Context, key string, r io.Reader) ([]byte, int64, error) {
 	f, err := os.CreateTemp(filepath.Join(b.dir, tmpDir), "upload-*")
 	if err != nil {
-		return err
+		return nil, 0, err
 	}
 	defer func() { _ = os.Remove(f.Name()) }()
-	if _, err := io.Copy(f, r); err != nil {
+	sum, n, err := stage(f, r)
+	if err != nil {
 		_ = f.Close()
-		return err
+		return nil, 0, err
 	}
 	if err := f.Sync(); err != nil { // the pointer must never outlive the bytes in a crash
 		_ = f.Close()
-		return err
+		return nil, 0, err
 	}
 	if err := f.Close(); err != nil {
-		return err
+		return nil, 0, err
 	}
 	if err := ctx.Err(); err != nil {
-		return err
+		return nil, 0, err
 	}
 	path := filepath.Join(b.dir, filepath.FromSlash(key))
 	if err := os.MkdirAll(filepath.Dir(path), 0o777); err != nil {
-		return err
+		return nil, 0, err
 	}
 	if testHookBeforeCommit != nil {
 		testHookBeforeCommit(key)
 	}
 	if err := commitFile(f.Name(), path); err != nil {
 		if errors.Is(err, os.ErrExist) {
-			return fmt.Errorf("%q: %w", key, ErrExists)
+			return nil, 0, fmt.Errorf("%q: %w", key, ErrExists)
 		}
-		return err
+		return nil, 0, err
 	}
-	return syncDir(filepath.Dir(path))
+	return sum, n, syncDir(filepath.Dir(path))
+}
+
+// Staging: chunks of stageChunk bytes (small: the buffers are per upload, and the peak RSS
+// must not grow with them), stageBuffers of them in flight. Each chunk is written
+// by the caller's goroutine while a second goroutine hashes the chunk before it, so hashing
+// overlaps reading and writing; every writeBehind bytes the file's written range is handed to
+// the kernel's writeback (startWriteback), so the final fsync waits for little.
+const (
+	stageChunk   = 256 << 10
+	stageBuffers = 4
+	writeBehind  = 8 << 20
+)
+
+// stage copies r to f and returns the SHA-256 and the size of the bytes copied.
+func stage(f *os.File, r io.Reader) ([]byte, int64, error) {
+	free := make(chan []byte, stageBuffers)
+	for range stageBuffers {
+		free <- make([]byte, stageChunk)
+	}
+	toHash := make(chan []byte, stageBuffers)
+	sum := make(chan []byte, 1)
+	go func() {
+		h := sha256.New()
+		for c := range toHash {
+			h.Write(c)
+			free <- c[:cap(c)]
+		}
+		sum <- h.Sum(nil)
+	}()
+	var n, flushed int64
+	var err error
+	for {
+		buf := <-free
+		var k int
+		k, err = io.ReadFull(r, buf)
+		if k > 0 {
+			if _, werr := f.Write(buf[:k]); werr != nil {
+				err = werr
+			}
+			n += int64(k)
+		}
+		toHash <- buf[:k]
+		if n-flushed >= writeBehind {
+			startWriteback(f, flushed, n-flushed)
+			flushed = n
+		}
+		if err != nil {
+			break
+		}
+	}
+	close(toHash)
+	s := <-sum
+	if err == io.EOF || err == io.ErrUnexpectedEOF {
+		err = nil
+	}
+	if err != nil {
+		return nil, 0, err
+	}
+	return s, n, nil
 }
 
 // commitFile makes the staged file visible under path only if path does not exist yet.

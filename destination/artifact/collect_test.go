@@ -128,7 +128,7 @@ func TestCollectDryRunAndForeignObjects(t *testing.T) {
 			}
 		}
 		unprovisioned := objectKey("never provisioned", "o", fenced.Token{Epoch: 1, Generation: 1}, "n")
-		if err := e.b.put(e.ctx, unprovisioned, "", strings.NewReader("y")); err != nil {
+		if _, _, err := e.b.put(e.ctx, unprovisioned, "", strings.NewReader("y")); err != nil {
 			t.Fatal(err)
 		}
 		dry, err := Collect(e.ctx, e.s, e.b, 0, true)
@@ -224,7 +224,7 @@ func TestCollectStagedFiles(t *testing.T) {
 		collected <- rep
 	}
 	defer func() { testHookBeforeCommit = nil }()
-	err := b.put(ctx, key, "", strings.NewReader("bytes"))
+	_, _, err := b.put(ctx, key, "", strings.NewReader("bytes"))
 	if err == nil || errors.Is(err, ErrExists) {
 		t.Fatalf("an upload whose staging file was collected: %v, want a failed commit", err)
 	}

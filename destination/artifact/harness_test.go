@@ -3,6 +3,7 @@ package artifact
 import (
 	"context"
 	"crypto/rand"
+	"database/sql"
 	"net"
 	"net/url"
 	"os"
@@ -30,6 +31,41 @@ type home struct {
 	// reply is lost once arm is called.
 	open   func(t *testing.T) (s *fenced.Store, lossy *fenced.Store, arm func())
 	expire func(ctx context.Context, resource string) error
+	// copyRow copies the resource's row as it is now; restore puts the copy back, as restoring
+	// the database from a copy taken at that moment would (nil: not built for this home).
+	copyRow func(ctx context.Context, resource string) (restore func(ctx context.Context) error, err error)
+}
+
+// sqlRowCopy copies a row of fenced_resources (table, qualified as the admin connection
+// needs) into a table of its own and puts it back in one transaction.
+func sqlRowCopy(exec func(ctx context.Context, stmts ...string) error, table, resource string) func(ctx context.Context) (func(ctx context.Context) error, error) {
+	return func(ctx context.Context) (func(ctx context.Context) error, error) {
+		copyTable := table + "_copy_" + strings.ToLower(rand.Text()[:8])
+		lit := "'" + strings.ReplaceAll(resource, "'", "''") + "'"
+		if err := exec(ctx, "CREATE TABLE "+copyTable+" AS SELECT * FROM "+table+" WHERE resource = "+lit); err != nil {
+			return nil, err
+		}
+		return func(ctx context.Context) error {
+			return exec(ctx, "DELETE FROM "+table+" WHERE resource = "+lit, "INSERT INTO "+table+" SELECT * FROM "+copyTable)
+		}, nil
+	}
+}
+
+// dbExec runs stmts in one transaction.
+func dbExec(db *sql.DB) func(ctx context.Context, stmts ...string) error {
+	return func(ctx context.Context, stmts ...string) error {
+		tx, err := db.BeginTx(ctx, nil)
+		if err != nil {
+			return err
+		}
+		for _, st := range stmts {
+			if _, err := tx.ExecContext(ctx, st); err != nil {
+				_ = tx.Rollback()
+				return err
+			}
+		}
+		return tx.Commit()
+	}
 }
 
 type store struct {
@@ -91,6 +127,9 @@ func sqliteHome(t *testing.T) home {
 				WHERE resource = ? AND lease_until IS NOT NULL`, resource)
 			return err
 		},
+		copyRow: func(ctx context.Context, resource string) (func(ctx context.Context) error, error) {
+			return sqlRowCopy(dbExec(admin.DB()), "fenced_resources", resource)(ctx)
+		},
 	}
 }
 
@@ -147,6 +186,19 @@ func postgresHome(t *testing.T) home {
 			_, err := admin.Exec(ctx, `UPDATE `+schema+`.fenced_resources SET lease_until = clock_timestamp() - interval '1 second'
 				WHERE resource = $1 AND lease_until IS NOT NULL`, resource)
 			return err
+		},
+		copyRow: func(ctx context.Context, resource string) (func(ctx context.Context) error, error) {
+			exec := func(ctx context.Context, stmts ...string) error {
+				return pgx.BeginFunc(ctx, admin, func(tx pgx.Tx) error {
+					for _, st := range stmts {
+						if _, err := tx.Exec(ctx, st); err != nil {
+							return err
+						}
+					}
+					return nil
+				})
+			}
+			return sqlRowCopy(exec, schema+".fenced_resources", resource)(ctx)
 		},
 	}
 }

@@ -67,6 +67,9 @@ func mariadbHome(t *testing.T) home {
 			_, err := admin.DB().ExecContext(ctx, "UPDATE `"+name+"`.fenced_resources SET lease_until = UTC_TIMESTAMP(6) - INTERVAL 1 SECOND WHERE resource = ? AND lease_until IS NOT NULL", resource)
 			return err
 		},
+		copyRow: func(ctx context.Context, resource string) (func(ctx context.Context) error, error) {
+			return sqlRowCopy(dbExec(admin.DB()), "`"+name+"`.fenced_resources", resource)(ctx)
+		},
 	}
 }
 

@@ -10,7 +10,6 @@ package artifact
 
 import (
 	"context"
-	"crypto/sha256"
 	"encoding/hex"
 	"errors"
 	"fmt"
@@ -61,12 +60,11 @@ func upload(ctx context.Context, lease *fenced.Lease, b *Bucket, r io.Reader, o 
 		return Pointer{}, fmt.Errorf("artifact for %q: the content type is longer than 255 bytes: %w", lease.Resource(), fenced.ErrInvalid)
 	}
 	key := objectKey(lease.Resource(), lease.Owner(), lease.Token(), newNonce())
-	h := sha256.New()
-	cr := &countingReader{r: io.TeeReader(r, h)}
-	if err := b.put(ctx, key, o.contentType, cr); err != nil {
+	sum, n, err := b.put(ctx, key, o.contentType, r)
+	if err != nil {
 		return Pointer{}, fmt.Errorf("upload artifact for %q (generation %d): %w", lease.Resource(), lease.Generation(), err)
 	}
-	return Pointer{Key: key, SHA256: hex.EncodeToString(h.Sum(nil)), Size: cr.n, ContentType: o.contentType}, nil
+	return Pointer{Key: key, SHA256: hex.EncodeToString(sum), Size: n, ContentType: o.contentType}, nil
 }
 
 // Publish uploads r and publishes the pointer to it under lease, in that order. A refused

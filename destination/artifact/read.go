@@ -72,6 +72,13 @@ func Open(ctx context.Context, s *fenced.Store, b *Bucket, resource string) (*Re
 	if err != nil {
 		return nil, err
 	}
+	return OpenPointer(ctx, b, resource, p, gen)
+}
+
+// OpenPointer opens the object a pointer names, for a caller that read the pointer itself
+// (with DecodePointer) as generation gen's publication on resource. It returns ErrMissing when
+// the object is not in the store.
+func OpenPointer(ctx context.Context, b *Bucket, resource string, p Pointer, gen int64) (*Reader, error) {
 	r, err := b.b.NewReader(ctx, p.Key, nil)
 	if gcerrors.Code(err) == gcerrors.NotFound {
 		return nil, fmt.Errorf("artifact %q (generation %d, key %q): %w", resource, gen, p.Key, ErrMissing)

@@ -40,6 +40,8 @@ type tortureOptions struct {
 	faults       string
 	unfenced     bool
 	gate         bool
+	artifacts    bool   // publish through artifacts (torture_artifact.go)
+	store        string // the artifacts' store; default a folder in the report directory
 	report       string
 	checkTimeout time.Duration
 	// restoreWithoutBump is the restore fault's control: the copy restored and no bump.
@@ -123,6 +125,8 @@ Exit code 7: violations found.`,
 	f.IntVar(&o.resources, "resources", 3, "resources")
 	f.StringVar(&o.faults, "faults", "", "faults to inject: "+strings.Join(torture.AllFaults, ",")+" (default: all that apply)")
 	f.BoolVar(&o.unfenced, "unfenced", false, "use a plain lock (unconditional write): the checker must find violations")
+	f.BoolVar(&o.artifacts, "artifacts", false, "publish every result as an artifact in a blob store and read it back through its pointer")
+	f.StringVar(&o.store, "store", "", "the artifacts' store URL (default: a folder in the report directory)")
 	f.BoolVar(&o.gate, "gate", false, "also write through a participating service's gate, fenced on acquisition (not with --unfenced)")
 	f.StringVar(&o.report, "report", "", "directory for the HTML report and the histories (default: a new temporary directory)")
 	f.DurationVar(&o.checkTimeout, "check-timeout", time.Minute, "bound on the model check of each resource")
@@ -319,8 +323,8 @@ func (a *app) torture(cmd *cobra.Command, o tortureOptions) error {
 	if o.restoreWithoutBump && !contains(faults, torture.FaultRestore) {
 		return usagef("--restore-without-bump needs the restore fault")
 	}
-	if o.mutant != "" && o.mutant != mutantRenewAfterExpiry && o.mutant != mutantBusyAfterExpiry {
-		return usagef("unknown mutant %q", o.mutant)
+	if err := checkTortureArtifacts(o); err != nil {
+		return err
 	}
 	runID := strings.ToLower(rand.Text()[:6])
 	resources := make([]string, o.resources)
@@ -418,6 +422,14 @@ func (a *app) torture(cmd *cobra.Command, o tortureOptions) error {
 		fmt.Fprintf(a.stdout, "participating service (gate) on %s, workers %s\n", svc.url,
 			map[bool]string{true: "do not fence it", false: "fence it on acquisition"}[o.unfenced])
 	}
+	if o.artifacts {
+		ad, err := t.openArtifacts(ctx, drv, dir)
+		if err != nil {
+			return err
+		}
+		defer ad.b.Close()
+		drv = ad
+	}
 	started := time.Now()
 	if err := t.execute(ctx, drv, plan); err != nil {
 		return err
@@ -471,6 +483,7 @@ type tortureRun struct {
 	resources []string
 	faults    []string
 	gateURL   string // the participating service of --gate, or ""
+	storeURL  string // the artifacts' store of --artifacts, or ""
 
 	mu    sync.Mutex
 	procs []*tortureProc // current process of each slot
@@ -587,6 +600,9 @@ func (t *tortureRun) execute(ctx context.Context, drv driver.Driver, plan []tort
 	// The final state; after an interruption too, briefly.
 	final, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
 	defer cancel()
+	if ad, ok := drv.(*artifactDriver); ok {
+		ad.collect(final, t.a.stdout)
+	}
 	torture.ReadAll(final, drv, reader, t.resources)
 	return nil
 }
@@ -658,6 +674,9 @@ func (t *tortureRun) startWorker(ctx context.Context, slot, incarnation int, rem
 	}
 	if t.o.mutant != "" {
 		args = append(args, "--mutant", t.o.mutant)
+	}
+	if t.storeURL != "" {
+		args = append(args, "--artifact-store", t.storeURL)
 	}
 	if !engineClock(t.url) {
 		args = append(args, "--no-engine-clock")
@@ -816,7 +835,7 @@ func (a *app) tortureWorkerCmd() *cobra.Command {
 		cfg                                                     torture.WorkerConfig
 		resources, history, clockFile, seedStr, barrier, mutant string
 		noClock, naive, gateFence                               bool
-		gateURL                                                 string
+		gateURL, storeURL                                       string
 	)
 	cmd := &cobra.Command{
 		Use:    "torture-worker",
@@ -834,7 +853,11 @@ func (a *app) tortureWorkerCmd() *cobra.Command {
 				return err
 			}
 			defer drv.Close()
-			if drv, err = mutate(drv, mutant); err != nil {
+			if storeURL != "" {
+				if drv, err = workerArtifacts(cmd.Context(), drv, storeURL, mutant); err != nil {
+					return err
+				}
+			} else if drv, err = mutate(drv, mutant); err != nil {
 				return err
 			}
 			// The renewal mutant shows only where renewals come after a pause: every lease is renewed.
@@ -876,6 +899,7 @@ func (a *app) tortureWorkerCmd() *cobra.Command {
 	f.StringVar(&gateURL, "gate", "", "participating service to write through")
 	f.BoolVar(&gateFence, "gate-fence", false, "fence the service right after acquiring")
 	f.StringVar(&barrier, "barrier", "", "barrier file, held shared by each request")
+	f.StringVar(&storeURL, "artifact-store", "", "publish through artifacts in this store")
 	f.StringVar(&mutant, "mutant", "", "a planted bug (tests only)")
 	f.BoolVar(&noClock, "no-engine-clock", false, "leave the engine's clock out of the history")
 	return cmd
