@@ -160,8 +160,11 @@ func TestLeasedAzureRefusesTheSupersededHolder(t *testing.T) {
 	}
 	err := l.Write(ctx, res, "A", a, []byte("late A"))
 	var stale *destination.StaleError
-	if !errors.As(err, &stale) || stale.Current != b {
-		t.Fatalf("A's write: %v, want stale with current %s", err, b)
+	if !errors.As(err, &stale) || stale.Current != b || !bloberror.HasCode(err, bloberror.LeaseIDMismatchWithBlobOperation) {
+		t.Fatalf("A's write: %v, want stale with current %s, Azure's LeaseIdMismatchWithBlobOperation", err, b)
+	}
+	if !strings.Contains(err.Error(), "Azure answered 412 LeaseIdMismatchWithBlobOperation") {
+		t.Errorf("the refusal does not say that Azure refused: %v", err)
 	}
 	data, written, err := l.Read(ctx, res)
 	if err != nil || string(data) != "A\x00" || written != b {

@@ -216,14 +216,14 @@ func (l *Leased) writeError(ctx context.Context, bc *blockblob.Client, resource,
 	switch {
 	case superseded(err), bloberror.HasCode(err, bloberror.LeaseIDMissing):
 		_, cur, _ := l.props(ctx, bc) // advisory: Azure refused on the lease
-		return stale(resource, token, cur)
+		return refusedByAzure(stale(resource, token, cur), err)
 	case bloberror.HasCode(err, bloberror.ConditionNotMet):
 		// Azure may check If-Match before the lease: ask whether the lease is still ours.
 		_, perr := bc.GetProperties(ctx, &blob.GetPropertiesOptions{AccessConditions: &blob.AccessConditions{
 			LeaseAccessConditions: &blob.LeaseAccessConditions{LeaseID: to.Ptr(id)}}})
 		if superseded(perr) {
 			_, cur, _ := l.props(ctx, bc)
-			return stale(resource, token, cur)
+			return refusedByAzure(stale(resource, token, cur), perr)
 		}
 		return fmt.Errorf("write %q: %w", resource, ErrETagChanged)
 	}
@@ -234,3 +234,24 @@ func (l *Leased) writeError(ctx context.Context, bc *blockblob.Client, resource,
 func (l *Leased) Read(ctx context.Context, resource string) ([]byte, fenced.Token, error) {
 	return l.base.Read(ctx, resource)
 }
+
+// azureRefusal is a *destination.StaleError that Azure itself decided; it also unwraps to
+// Azure's answer, whose status and code its message names.
+type azureRefusal struct {
+	stale error
+	azure *azcore.ResponseError
+}
+
+func refusedByAzure(staleErr, azure error) error {
+	var re *azcore.ResponseError
+	if errors.As(azure, &re) {
+		return &azureRefusal{staleErr, re}
+	}
+	return staleErr
+}
+
+func (e *azureRefusal) Error() string {
+	return fmt.Sprintf("%v (Azure answered %d %s)", e.stale, e.azure.StatusCode, e.azure.ErrorCode)
+}
+
+func (e *azureRefusal) Unwrap() []error { return []error{e.stale, e.azure} }

@@ -40,6 +40,7 @@ type tortureOptions struct {
 	faults       string
 	unfenced     bool
 	gate         bool
+	azure        tortureAzure // --azure, --azure-mode
 	report       string
 	checkTimeout time.Duration
 	// restoreWithoutBump is the restore fault's control: the copy restored and no bump.
@@ -124,6 +125,7 @@ Exit code 7: violations found.`,
 	f.StringVar(&o.faults, "faults", "", "faults to inject: "+strings.Join(torture.AllFaults, ",")+" (default: all that apply)")
 	f.BoolVar(&o.unfenced, "unfenced", false, "use a plain lock (unconditional write): the checker must find violations")
 	f.BoolVar(&o.gate, "gate", false, "also write through a participating service's gate, fenced on acquisition (not with --unfenced)")
+	o.azure.flags(f)
 	f.StringVar(&o.report, "report", "", "directory for the HTML report and the histories (default: a new temporary directory)")
 	f.DurationVar(&o.checkTimeout, "check-timeout", time.Minute, "bound on the model check of each resource")
 	f.StringVar(&o.restartCmd, "restart-cmd", "", "shell command that restarts (or crashes and starts) the database server, for the restart fault; torture then waits for its port")
@@ -316,6 +318,9 @@ func (a *app) torture(cmd *cobra.Command, o tortureOptions) error {
 			}
 		}
 	}
+	if err := o.azure.validate(o); err != nil {
+		return err
+	}
 	if o.restoreWithoutBump && !contains(faults, torture.FaultRestore) {
 		return usagef("--restore-without-bump needs the restore fault")
 	}
@@ -418,6 +423,16 @@ func (a *app) torture(cmd *cobra.Command, o tortureOptions) error {
 		fmt.Fprintf(a.stdout, "participating service (gate) on %s, workers %s\n", svc.url,
 			map[bool]string{true: "do not fence it", false: "fence it on acquisition"}[o.unfenced])
 	}
+	azureArgs, dropContainer, err := o.azure.start(ctx)
+	if err != nil {
+		return err
+	}
+	defer dropContainer()
+	if len(azureArgs) > 0 {
+		t.azureArgs = azureArgs
+		fmt.Fprintf(a.stdout, "Azure blobs (%s) in container %s at %s, workers %s\n", o.azure.mode, azureArgs[3], o.azure.url,
+			o.azure.how(o.unfenced))
+	}
 	started := time.Now()
 	if err := t.execute(ctx, drv, plan); err != nil {
 		return err
@@ -471,6 +486,7 @@ type tortureRun struct {
 	resources []string
 	faults    []string
 	gateURL   string // the participating service of --gate, or ""
+	azureArgs []string // the workers' --azure arguments, or none
 
 	mu    sync.Mutex
 	procs []*tortureProc // current process of each slot
@@ -656,6 +672,12 @@ func (t *tortureRun) startWorker(ctx context.Context, slot, incarnation int, rem
 			args = append(args, "--gate-fence")
 		}
 	}
+	if len(t.azureArgs) > 0 {
+		args = append(args, t.azureArgs...)
+		if !t.o.unfenced {
+			args = append(args, "--gate-fence")
+		}
+	}
 	if t.o.mutant != "" {
 		args = append(args, "--mutant", t.o.mutant)
 	}
@@ -817,6 +839,7 @@ func (a *app) tortureWorkerCmd() *cobra.Command {
 		resources, history, clockFile, seedStr, barrier, mutant string
 		noClock, naive, gateFence                               bool
 		gateURL                                                 string
+		az                                                      tortureAzureWorker
 	)
 	cmd := &cobra.Command{
 		Use:    "torture-worker",
@@ -847,6 +870,11 @@ func (a *app) tortureWorkerCmd() *cobra.Command {
 			if gateURL != "" {
 				cfg.Gate = &torture.GateConfig{URL: gateURL, Fence: gateFence}
 			}
+			if az.url != "" {
+				if cfg.Gate, err = az.config(gateFence); err != nil {
+					return err
+				}
+			}
 			rec, err := torture.NewRecorder(history, cfg.Proc)
 			if err != nil {
 				return err
@@ -874,7 +902,8 @@ func (a *app) tortureWorkerCmd() *cobra.Command {
 	f.BoolVar(&naive, "naive", false, "write unconditionally, as a plain lock would")
 	f.StringVar(&clockFile, "clock-file", "", "SQLite clock offset file")
 	f.StringVar(&gateURL, "gate", "", "participating service to write through")
-	f.BoolVar(&gateFence, "gate-fence", false, "fence the service right after acquiring")
+	f.BoolVar(&gateFence, "gate-fence", false, "fence the service (or the Azure blob) right after acquiring")
+	az.flags(f)
 	f.StringVar(&barrier, "barrier", "", "barrier file, held shared by each request")
 	f.StringVar(&mutant, "mutant", "", "a planted bug (tests only)")
 	f.BoolVar(&noClock, "no-engine-clock", false, "leave the engine's clock out of the history")
