@@ -5,8 +5,6 @@ import (
 	"context"
 	"crypto/rand"
 	"errors"
-	"net"
-	"net/url"
 	"strings"
 	"testing"
 	"time"
@@ -35,17 +33,7 @@ const (
 // FENCED_TEST_AZURITE (.ci/run starts one), deleted when the test ends.
 func containerForTest(t testing.TB) *container.Client {
 	t.Helper()
-	raw := drivertest.ServerURL(t, "FENCED_TEST_AZURITE", "http://127.0.0.1:10000/"+azuriteAccount, func(raw string) error {
-		u, err := url.Parse(raw)
-		if err != nil {
-			return err
-		}
-		c, err := net.DialTimeout("tcp", u.Host, 2*time.Second)
-		if err != nil {
-			return err
-		}
-		return c.Close()
-	})
+	raw := drivertest.ServerURL(t, "FENCED_TEST_AZURITE", "http://127.0.0.1:10000/"+azuriteAccount, drivertest.DialURL)
 	cred, err := azblob.NewSharedKeyCredential(azuriteAccount, azuriteKey)
 	if err != nil {
 		t.Fatal(err)

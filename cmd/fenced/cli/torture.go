@@ -485,7 +485,7 @@ type tortureRun struct {
 	hist      string
 	resources []string
 	faults    []string
-	gateURL   string // the participating service of --gate, or ""
+	gateURL   string   // the participating service of --gate, or ""
 	azureArgs []string // the workers' --azure arguments, or none
 
 	mu    sync.Mutex

@@ -1,12 +1,9 @@
 package cli_test
 
 import (
-	"net"
-	"net/url"
 	"regexp"
 	"strings"
 	"testing"
-	"time"
 
 	"github.com/fenced-dev/fenced/driver/drivertest"
 )
@@ -15,17 +12,7 @@ import (
 // skips without it, and fails under CI.
 func azuriteURL(t *testing.T) string {
 	t.Helper()
-	return drivertest.ServerURL(t, "FENCED_TEST_AZURITE", "http://127.0.0.1:10000/devstoreaccount1", func(raw string) error {
-		u, err := url.Parse(raw)
-		if err != nil {
-			return err
-		}
-		c, err := net.DialTimeout("tcp", u.Host, 2*time.Second)
-		if err != nil {
-			return err
-		}
-		return c.Close()
-	})
+	return drivertest.ServerURL(t, "FENCED_TEST_AZURITE", "http://127.0.0.1:10000/devstoreaccount1", drivertest.DialURL)
 }
 
 var azureLine = regexp.MustCompile(`(ok|VIOLATED) +3 at a participating service \(--gate\) or an Azure blob.* \((\d+) checked, (\d+) violations\)`)

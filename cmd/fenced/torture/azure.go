@@ -34,7 +34,9 @@ type azureLeased struct {
 	lazy bool
 }
 
-func (a *azureLeased) Fence(ctx context.Context, lease *fenced.Lease) error { return lease.Fence(ctx, a.l) }
+func (a *azureLeased) Fence(ctx context.Context, lease *fenced.Lease) error {
+	return lease.Fence(ctx, a.l)
+}
 
 func (a *azureLeased) Write(ctx context.Context, lease *fenced.Lease, payload []byte) error {
 	if a.lazy {
@@ -47,7 +49,9 @@ func (a *azureLeased) Write(ctx context.Context, lease *fenced.Lease, payload []
 
 type azureCAS struct{ c *azureblob.CAS }
 
-func (a *azureCAS) Fence(ctx context.Context, lease *fenced.Lease) error { return lease.Fence(ctx, a.c) }
+func (a *azureCAS) Fence(ctx context.Context, lease *fenced.Lease) error {
+	return lease.Fence(ctx, a.c)
+}
 
 func (a *azureCAS) Write(ctx context.Context, lease *fenced.Lease, payload []byte) error {
 	return a.c.Write(ctx, lease.Resource(), lease.Token(), payload)
