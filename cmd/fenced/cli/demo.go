@@ -497,7 +497,7 @@ func (a *app) demoWorkerCmd() *cobra.Command {
 				return a.demoServiceWorker(cmd, service, d, []byte(payload), fence, wait)
 			}
 			if az.url != "" {
-				return a.demoAzureWorker(cmd, az, ttl, []byte(payload), fence, wait)
+				return a.demoAzureWorker(cmd, az, d, []byte(payload), fence, wait)
 			}
 			if store != "" {
 				return a.demoArtifactWorker(cmd, name, d, []byte(payload), wait, release, store)

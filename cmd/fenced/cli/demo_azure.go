@@ -1,14 +1,13 @@
 package cli
 
 import (
-	"bufio"
 	"bytes"
 	"context"
 	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
-	"strings"
+	"time"
 
 	"github.com/Azure/azure-sdk-for-go/sdk/azcore/streaming"
 	"github.com/spf13/cobra"
@@ -129,12 +128,7 @@ func (f *demoAzureWorkerFlags) add(cmd *cobra.Command) {
 // demoAzureWorker acquires, takes the blob over if asked (Lease.Fence, which gives Leased the
 // owner), waits for "go" (its build) and uploads its payload: through Leased when fencing,
 // plainly otherwise. Each step is a JSON line.
-func (a *app) demoAzureWorker(cmd *cobra.Command, f demoAzureWorkerFlags, ttl string, payload []byte, fence, wait bool) error {
-	ctx := cmd.Context()
-	d, err := parseTTL(ttl)
-	if err != nil {
-		return err
-	}
+func (a *app) demoAzureWorker(cmd *cobra.Command, f demoAzureWorkerFlags, ttl time.Duration, payload []byte, fence, wait bool) error {
 	acc, err := parseAzure(f.url)
 	if err != nil {
 		return err
@@ -144,44 +138,20 @@ func (a *app) demoAzureWorker(cmd *cobra.Command, f demoAzureWorkerFlags, ttl st
 		return err
 	}
 	blob := azureblob.NewLeased(c, &azureblob.Options{Prefix: f.prefix})
-	s, err := a.open(cmd)
-	if err != nil {
-		return err
-	}
-	defer s.Close()
-	lease, err := s.Acquire(ctx, demoResource, d)
-	if err != nil {
-		return err
-	}
-	if err := a.print(workerEvent{Event: "acquired", Generation: lease.Generation(), Owner: lease.Owner(),
-		Token: lease.Token().String(), LeaseUntil: timeJSON(lease.LeaseUntil())}); err != nil {
-		return err
-	}
-	if fence {
-		if err := lease.Fence(ctx, blob); err != nil {
+	return a.demoDestinationWorker(cmd, ttl, blob, fence, wait, func(ctx context.Context, lease *fenced.Lease) error {
+		var err error
+		if fence {
+			err = blob.Write(ctx, demoResource, lease.Owner(), lease.Token(), payload)
+		} else {
+			_, err = c.NewBlockBlobClient(f.prefix+demoResource).Upload(ctx, streaming.NopCloser(bytes.NewReader(payload)), nil)
+		}
+		if errors.Is(err, destination.ErrStale) {
+			_ = a.print(workerEvent{Event: "refused", Generation: lease.Generation(), Reason: err.Error()})
 			return err
 		}
-		if err := a.print(workerEvent{Event: "fenced", Generation: lease.Generation()}); err != nil {
-			return err
+		if err != nil {
+			return fmt.Errorf("write the blob: %w", err)
 		}
-	}
-	if wait {
-		line, err := bufio.NewReader(a.stdin).ReadString('\n')
-		if strings.TrimSpace(line) != "go" {
-			return fmt.Errorf("worker: expected \"go\" on standard input: %v", err)
-		}
-	}
-	if fence {
-		err = blob.Write(ctx, demoResource, lease.Owner(), lease.Token(), payload)
-	} else {
-		_, err = c.NewBlockBlobClient(f.prefix+demoResource).Upload(ctx, streaming.NopCloser(bytes.NewReader(payload)), nil)
-	}
-	if errors.Is(err, destination.ErrStale) {
-		_ = a.print(workerEvent{Event: "refused", Generation: lease.Generation(), Reason: err.Error()})
-		return err
-	}
-	if err != nil {
-		return fmt.Errorf("write the blob: %w", err)
-	}
-	return a.print(workerEvent{Event: "written", Generation: lease.Generation(), Token: lease.Token().String()})
+		return a.print(workerEvent{Event: "written", Generation: lease.Generation(), Token: lease.Token().String()})
+	})
 }

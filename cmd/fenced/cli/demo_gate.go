@@ -307,6 +307,16 @@ func demoDestinationFlag(cmd *cobra.Command, dest, azure *string) {
 // writes its payload to the service, reporting each step as a JSON line. Like the publishing
 // worker, it does not consult its trust window: the service's check is the fence.
 func (a *app) demoServiceWorker(cmd *cobra.Command, service string, ttl time.Duration, payload []byte, fence, wait bool) error {
+	return a.demoDestinationWorker(cmd, ttl, &destination.Remote{URL: service + "/fence"}, fence, wait,
+		func(ctx context.Context, lease *fenced.Lease) error {
+			return a.demoServiceWrite(ctx, service, lease, payload)
+		})
+}
+
+// demoDestinationWorker is a demo worker that writes to a destination: it acquires, fences
+// dest if asked, waits for "go" (its build) and calls write, reporting each step as a JSON line.
+func (a *app) demoDestinationWorker(cmd *cobra.Command, ttl time.Duration, dest fenced.Fencer, fence, wait bool,
+	write func(context.Context, *fenced.Lease) error) error {
 	ctx := cmd.Context()
 	s, err := a.open(cmd)
 	if err != nil {
@@ -322,7 +332,7 @@ func (a *app) demoServiceWorker(cmd *cobra.Command, service string, ttl time.Dur
 		return err
 	}
 	if fence {
-		if err := lease.Fence(ctx, &destination.Remote{URL: service + "/fence"}); err != nil {
+		if err := lease.Fence(ctx, dest); err != nil {
 			return err
 		}
 		if err := a.print(workerEvent{Event: "fenced", Generation: lease.Generation()}); err != nil {
@@ -335,5 +345,5 @@ func (a *app) demoServiceWorker(cmd *cobra.Command, service string, ttl time.Dur
 			return fmt.Errorf("worker: expected \"go\" on standard input: %v", err)
 		}
 	}
-	return a.demoServiceWrite(ctx, service, lease, payload)
+	return write(ctx, lease)
 }
