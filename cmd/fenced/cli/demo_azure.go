@@ -107,7 +107,7 @@ func (a *app) demoAzure(ctx context.Context, endpoint string) error {
 	fmt.Fprintln(a.stdout)
 	switch {
 	case accepted[0]:
-		return errors.New("Azure accepted A's stale upload although B had taken the blob over")
+		return errors.New("the stale upload was accepted by Azure although B had taken the blob over")
 	case !accepted[1]:
 		return errors.New("without fencing Azure refused A's stale upload, so the schedule did not show the loss")
 	}
