@@ -17,6 +17,17 @@ type Fencer interface {
 	Fence(ctx context.Context, resource string, token Token) error
 }
 
+// OwnerFencer is a Fencer that binds the fence to the acquisition itself, not only to its
+// token: Lease.Fence (and so RunOptions.Fence) calls FenceOwner with the lease's owner instead
+// of Fence. An Azure blob's lease ID derived from the owner is the example: the token is
+// public (it sits in the blob's metadata), the owner is known only to the holder, so only the
+// holder can present the lease ID, and an acquisition never shares it with another, even one
+// that was issued the same token by a store rebuilt on a clock that went back.
+type OwnerFencer interface {
+	Fencer
+	FenceOwner(ctx context.Context, resource, owner string, token Token) error
+}
+
 // Fence installs the lease's token at each destination, in order, right after acquisition and
 // before the work starts. This narrows the gap a high-water mark leaves on its own: a new holder
 // that has not written yet would otherwise leave its destinations accepting the previous
@@ -29,7 +40,13 @@ func (l *Lease) Fence(ctx context.Context, dests ...Fencer) error {
 		if d == nil {
 			return invalid("destination", "destination %d is nil", i)
 		}
-		if err := d.Fence(ctx, l.ref.Resource, l.Token()); err != nil {
+		var err error
+		if of, ok := d.(OwnerFencer); ok {
+			err = of.FenceOwner(ctx, l.ref.Resource, l.ref.Owner, l.Token())
+		} else {
+			err = d.Fence(ctx, l.ref.Resource, l.Token())
+		}
+		if err != nil {
 			return &FenceError{Resource: l.ref.Resource, Token: l.Token(), Index: i, Err: err}
 		}
 	}

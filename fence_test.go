@@ -268,3 +268,35 @@ func TestLeaseFenceSuperseded(t *testing.T) {
 		t.Errorf("the error does not name the resource: %v", err)
 	}
 }
+
+// ownerRecorder is an OwnerFencer that records what it was given; its plain Fence must not
+// be called.
+type ownerRecorder struct {
+	resource, owner string
+	token           fenced.Token
+}
+
+func (o *ownerRecorder) Fence(context.Context, string, fenced.Token) error {
+	return errors.New("Fence called on an OwnerFencer")
+}
+
+func (o *ownerRecorder) FenceOwner(_ context.Context, resource, owner string, token fenced.Token) error {
+	o.resource, o.owner, o.token = resource, owner, token
+	return nil
+}
+
+// Lease.Fence gives an OwnerFencer the acquisition's owner, and Run does the same.
+func TestFenceGivesTheOwner(t *testing.T) {
+	w := newFenceWorld(t)
+	ctx := context.Background()
+	rec := &ownerRecorder{}
+	var lease *fenced.Lease
+	if _, err := fenced.Run(ctx, w.store, fenceResource, &fenced.RunOptions{Fence: []fenced.Fencer{rec}},
+		func(_ context.Context, l *fenced.Lease) ([]byte, error) { lease = l; return nil, nil }); err != nil {
+		t.Fatal(err)
+	}
+	if rec.resource != fenceResource || rec.owner != lease.Owner() || rec.token != lease.Token() || rec.owner == "" {
+		t.Fatalf("FenceOwner got (%q, %q, %s), want (%q, %q, %s)", rec.resource, rec.owner, rec.token,
+			fenceResource, lease.Owner(), lease.Token())
+	}
+}

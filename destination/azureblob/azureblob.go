@@ -3,14 +3,17 @@
 //
 // Leased is the strong variant. Right after acquiring its fenced lease, a holder calls Fence:
 // it breaks the previous holder's blob lease, acquires the blob lease with a lease ID derived
-// from its token (LeaseID), and records its token in the blob's metadata. Every write then
-// presents that lease ID and the ETag the holder last saw (If-Match). From the moment the
+// from its fenced owner (LeaseID), and records its token in the blob's metadata. Every write
+// then presents that lease ID and the ETag the holder last saw (If-Match). Because the lease
+// ID derives from the owner, Leased is a fenced.OwnerFencer: fenced.Lease.Fence and
+// fenced.RunOptions.Fence give it the owner; its plain Fence refuses (ErrNeedsOwner). From the moment the
 // successor's Fence has taken the blob lease, Azure refuses the superseded holder's writes
 // (412, lease ID mismatch), even though the successor has written nothing. Without Fence, the
 // previous holder keeps the blob lease and its writes are accepted: that is the gap.
 //
-// CAS is the portable variant for stores that only have conditional writes (Azure ETags here;
-// S3 If-Match and GCS generations work the same way): the token lives in the blob's metadata,
+// CAS is the portable variant for stores that only have conditional writes (Azure ETags; S3
+// If-Match and GCS generation preconditions would work the same way, but only Azure is
+// implemented and tested here): the token lives in the blob's metadata,
 // and a write or a fence is accepted only if the stored token is not newer, by
 // compare-and-swap on the ETag. Any holder can write when its token is at least the stored
 // one, so a superseded holder is refused only once the successor has fenced or written.
@@ -68,13 +71,16 @@ type Options struct {
 	Prefix string
 }
 
-// LeaseID is the Azure lease ID of the holder of token for resource: a UUID (version 8,
-// RFC 9562) derived from both by SHA-256. A token belongs to one acquisition (no two
-// acquisitions of a resource share one), so the lease ID does too, and a holder finds it again
-// without storing it; the fenced owner, which is the lease store's credential, never leaves
-// for the blob store.
-func LeaseID(resource string, token fenced.Token) string {
-	h := sha256.Sum256([]byte("fenced azure blob lease\x00" + resource + "\x00" + token.String()))
+// LeaseID is the Azure lease ID of the acquisition whose fenced owner is owner: a UUID
+// (version 8, RFC 9562) derived from resource and owner by SHA-256. The owner is a fresh
+// random identity per acquisition, so no two acquisitions share a lease ID, and only the
+// holder, who knows its owner, can present it; a holder's other processes find it again from
+// FENCED_OWNER without storing it. The owner is the lease store's credential: only its hash
+// leaves for the blob store. A lease ID derived from the token instead would be public (the
+// token is in the blob's metadata) and shared by two acquisitions if a token were ever issued
+// twice (a store rebuilt on a clock set back, README).
+func LeaseID(resource, owner string) string {
+	h := sha256.Sum256([]byte("fenced azure blob lease\x00" + resource + "\x00" + owner))
 	b := h[:16]
 	b[6] = b[6]&0x0f | 0x80 // version 8
 	b[8] = b[8]&0x3f | 0x80 // RFC 9562 variant

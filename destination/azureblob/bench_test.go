@@ -22,7 +22,7 @@ func BenchmarkWrite(b *testing.B) {
 	c := containerForTest(b)
 	leased, cas := azureblob.NewLeased(c, nil), azureblob.NewCAS(c, nil)
 	token := tok(1, 2)
-	if err := leased.Fence(ctx, "leased", token); err != nil {
+	if err := leased.FenceOwner(ctx, "leased", "bench-owner", token); err != nil {
 		b.Fatal(err)
 	}
 	if err := cas.Fence(ctx, "cas", token); err != nil {
@@ -39,7 +39,7 @@ func BenchmarkWrite(b *testing.B) {
 			b.Fatal(err)
 		}
 		t1 := time.Now()
-		if err := leased.Write(ctx, "leased", token, next()); err != nil {
+		if err := leased.Write(ctx, "leased", "bench-owner", token, next()); err != nil {
 			b.Fatal(err)
 		}
 		t2 := time.Now()

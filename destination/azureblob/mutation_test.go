@@ -23,10 +23,16 @@ import (
 
 const mutantEnv = "FENCED_AZURE_MUTANT"
 
+func init() {
+	if os.Getenv(mutantEnv) == "token-lease-id" { // the derivation before the lease ID came from the owner
+		azureblob.DeriveLeaseIDFromToken()
+	}
+}
+
 // firstOnly fences a blob once: a successor does not take the blob lease over, so the first
 // holder keeps writing.
 type firstOnly struct {
-	*azureblob.Leased
+	asOwners
 	mu   sync.Mutex
 	done map[string]bool
 }
@@ -38,7 +44,7 @@ func (f *firstOnly) Fence(ctx context.Context, resource string, token fenced.Tok
 		return nil
 	}
 	f.done[resource] = true
-	return f.Leased.Fence(ctx, resource, token)
+	return f.asOwners.Fence(ctx, resource, token)
 }
 
 func TestMutantSuite(t *testing.T) {
@@ -50,7 +56,7 @@ func TestMutantSuite(t *testing.T) {
 		c := containerForTest(t)
 		switch m {
 		case "no-takeover":
-			return harness(&firstOnly{Leased: azureblob.NewLeased(c, nil), done: map[string]bool{}})
+			return harness(&firstOnly{asOwners: asOwners{azureblob.NewLeased(c, nil)}, done: map[string]bool{}})
 		case "blind-write": // CAS whose writes neither compare the token nor present the ETag
 			h := harness(azureblob.NewCAS(c, nil))
 			h.Write = func(ctx context.Context, resource string, token fenced.Token, data []byte) error {
@@ -80,4 +86,14 @@ func TestSuiteCatchesMutants(t *testing.T) {
 			}
 		})
 	}
+	// A lease ID derived from the token lets an earlier acquisition that was issued the same
+	// token keep writing after the later one fenced.
+	t.Run("token-lease-id", func(t *testing.T) {
+		cmd := exec.Command(os.Args[0], "-test.run", "^TestLeasedSameTokenAnotherOwner$", "-test.v", "-test.count=1")
+		cmd.Env = append(os.Environ(), mutantEnv+"=token-lease-id")
+		out, err := cmd.CombinedOutput()
+		if want := "the first acquisition's write after the second fenced: <nil>"; err == nil || !strings.Contains(string(out), want) {
+			t.Fatalf("TestLeasedSameTokenAnotherOwner did not catch a lease ID derived from the token:\n%s", out)
+		}
+	})
 }

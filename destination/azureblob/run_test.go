@@ -40,12 +40,12 @@ func TestRunFencesTheBlob(t *testing.T) {
 			go func() {
 				_, _ = fenced.Run(ctx, store, res, &fenced.RunOptions{TTL: time.Minute, Fence: []fenced.Fencer{blob}},
 					func(_ context.Context, l *fenced.Lease) ([]byte, error) {
-						if err := blob.Write(ctx, res, l.Token(), []byte("A first\x00")); err != nil {
+						if err := blob.Write(ctx, res, l.Owner(), l.Token(), []byte("A first\x00")); err != nil {
 							t.Errorf("A's first write: %v", err)
 						}
 						aPaused <- l.Token()
 						<-aResume // paused past its lease
-						aDone <- blob.Write(ctx, res, l.Token(), []byte("A delayed"))
+						aDone <- blob.Write(ctx, res, l.Owner(), l.Token(), []byte("A delayed"))
 						return nil, nil
 					})
 			}()
@@ -64,7 +64,7 @@ func TestRunFencesTheBlob(t *testing.T) {
 				_, err := fenced.Run(ctx, store, res, &opts, func(_ context.Context, l *fenced.Lease) ([]byte, error) {
 					bAcquired <- l.Token()
 					<-bWrite
-					return nil, blob.Write(ctx, res, l.Token(), []byte("B"))
+					return nil, blob.Write(ctx, res, l.Owner(), l.Token(), []byte("B"))
 				})
 				bDone <- err
 			}()

@@ -23,6 +23,7 @@ import (
 	"errors"
 	"fmt"
 	"regexp"
+	"strings"
 
 	"github.com/fenced-dev/fenced"
 	"github.com/fenced-dev/fenced/destination"
@@ -167,6 +168,52 @@ func (g *Gate) check(ctx context.Context, ex execer, resource string, token fenc
 	switch {
 	case err != nil:
 		return &destination.StaleError{Resource: resource, Token: token} // certainly refused
+	case !found:
+		return fmt.Errorf("gate: %q: %w", resource, destination.ErrUnknownResource)
+	}
+	return &destination.StaleError{Resource: resource, Token: token, Current: cur}
+}
+
+// Exec checks token for resource and runs the service's write statement in tx, as Check and
+// then tx.ExecContext(ctx, write, args...) would, with the same guarantee. On PostgreSQL the
+// two are one statement: write runs as a data-modifying WITH clause beside the check, and the
+// statement answers whether the check accepted, so the check costs no round trip of its own.
+// write must then be one INSERT, UPDATE or DELETE without a WITH clause of its own or a
+// trailing semicolon, its parameters $1 to $n (the gate's follow). On SQLite and MySQL Exec is
+// Check, then write: two statements.
+//
+// A refusal is *destination.StaleError (or ErrUnknownResource) as from Check, but the write
+// may have run in tx: the caller must roll tx back, as after any error. Exec does not return
+// the write's row count.
+func (g *Gate) Exec(ctx context.Context, tx *sql.Tx, resource string, token fenced.Token, write string, args ...any) error {
+	if g.d != Postgres {
+		if err := g.Check(ctx, tx, resource, token); err != nil {
+			return err
+		}
+		if _, err := tx.ExecContext(ctx, write, args...); err != nil {
+			return fmt.Errorf("gate: write %q: %w", resource, err)
+		}
+		return nil
+	}
+	if token.Epoch < 0 || token.Generation < 0 {
+		return fmt.Errorf("gate: %q: token %s is negative: %w", resource, token, destination.ErrMalformed)
+	}
+	n := len(args)
+	check := strings.NewReplacer("$1", fmt.Sprintf("$%d", n+1), "$2", fmt.Sprintf("$%d", n+2), "$3", fmt.Sprintf("$%d", n+3)).Replace(g.q.check)
+	var accepted bool
+	err := tx.QueryRowContext(ctx, "WITH fenced_write AS ("+write+"), fenced_check AS ("+check+
+		" RETURNING 1) SELECT EXISTS (SELECT FROM fenced_check)", append(args, g.q.checkArgs(resource, token)...)...).Scan(&accepted)
+	if err != nil {
+		return fmt.Errorf("gate: check and write %q: %w", resource, err)
+	}
+	if accepted {
+		return nil
+	}
+	// Refused; the row is read only to say why. tx is still usable: the statement succeeded.
+	cur, found, err := g.read(ctx, tx, resource)
+	switch {
+	case err != nil:
+		return &destination.StaleError{Resource: resource, Token: token}
 	case !found:
 		return fmt.Errorf("gate: %q: %w", resource, destination.ErrUnknownResource)
 	}

@@ -30,6 +30,13 @@ func TestMutantSuite(t *testing.T) {
 		t.Skip("run by TestSuiteCatchesMutants with " + mutantEnv + " set")
 	}
 	destinationtest.Run(t, func(t *testing.T) destinationtest.Harness {
+		if m == "unconditional-exec" { // the same, in Exec's single statement on PostgreSQL
+			s := gatetest.NewService(t, gatetest.Engine{Dialect: gate.Postgres, Open: openPostgres})
+			gate.Unconditional(s.Gate)
+			h := s.Harness()
+			h.Write = s.WriteExec
+			return h
+		}
 		s := gatetest.NewService(t, gatetest.Engine{Dialect: gate.SQLite, Open: openSQLite})
 		h := s.Harness()
 		switch m {
@@ -45,7 +52,7 @@ func TestMutantSuite(t *testing.T) {
 }
 
 func TestSuiteCatchesMutants(t *testing.T) {
-	for _, m := range []string{"unconditional", "no-fence"} {
+	for _, m := range []string{"unconditional", "unconditional-exec", "no-fence"} {
 		t.Run(m, func(t *testing.T) {
 			cmd := exec.Command(os.Args[0], "-test.run", "^TestMutantSuite$", "-test.v", "-test.count=1")
 			cmd.Env = append(os.Environ(), mutantEnv+"="+m)

@@ -1,8 +1,11 @@
 package drivertest
 
 import (
+	"net"
+	neturl "net/url"
 	"os"
 	"testing"
+	"time"
 )
 
 // ServerURL returns the URL of a database server for tests: the environment variable envVar,
@@ -24,4 +27,18 @@ func ServerURL(t testing.TB, envVar, def string, ping func(url string) error) st
 		t.Skip(msg)
 	}
 	return url
+}
+
+// DialURL is a ping for ServerURL: it succeeds when the host of the URL raw accepts a TCP
+// connection within two seconds (an HTTP endpoint such as Azurite's, for example).
+func DialURL(raw string) error {
+	u, err := neturl.Parse(raw)
+	if err != nil {
+		return err
+	}
+	c, err := net.DialTimeout("tcp", u.Host, 2*time.Second)
+	if err != nil {
+		return err
+	}
+	return c.Close()
 }

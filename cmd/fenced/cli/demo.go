@@ -32,7 +32,7 @@ const (
 )
 
 func (a *app) demoCmd() *cobra.Command {
-	var dest string
+	var dest, azure string
 	cmd := &cobra.Command{
 		Use:   "demo",
 		Short: "Show, with real processes, a paused worker's stale write refused (and a plain lock losing it)",
@@ -54,7 +54,13 @@ The demo exits 0 only when both fenced runs kept B's result and the naive run lo
 With --destination gate the workers write to a participating service instead (a gate on its
 own SQLite database, served on loopback by the demo), and B builds for a while before writing:
 run 1 has both workers fence the service on acquisition, and the service itself refuses A's
-stale write; run 2 does not fence, and the service accepts it while B owns the resource.`,
+stale write; run 2 does not fence, and the service accepts it while B owns the resource.
+
+With --destination azure the workers write a blob that readers read in place, at the Azure
+Blob endpoint --azure URL, else $FENCED_AZURE, else Azurite on its default address (the demo
+says so and skips when none answers): run 1 takes the blob over on acquisition
+(destination/azureblob's Leased), and Azure itself refuses A's stale upload; run 2 uploads
+plainly under the lock alone, and A's report overwrites the blob while B owns the resource.`,
 		Args: cobra.NoArgs,
 		RunE: a.run(func(cmd *cobra.Command, _ []string) error {
 			switch dest {
@@ -62,11 +68,13 @@ stale write; run 2 does not fence, and the service accepts it while B owns the r
 				return a.demo(cmd.Context())
 			case "gate":
 				return a.demoGate(cmd.Context())
+			case "azure":
+				return a.demoAzure(cmd.Context(), azure)
 			}
-			return usagef("invalid --destination %q: want row or gate", dest)
+			return usagef("invalid --destination %q: want row, gate or azure", dest)
 		}),
 	}
-	demoDestinationFlag(cmd, &dest)
+	demoDestinationFlag(cmd, &dest, &azure)
 	return cmd
 }
 
@@ -473,6 +481,7 @@ func (a *app) demoWorkerCmd() *cobra.Command {
 	var (
 		name, ttl, payload, service, store string
 		naive, wait, release, fence        bool
+		az                                 demoAzureWorkerFlags
 	)
 	cmd := &cobra.Command{
 		Use:    "demo-worker",
@@ -486,6 +495,9 @@ func (a *app) demoWorkerCmd() *cobra.Command {
 			}
 			if service != "" {
 				return a.demoServiceWorker(cmd, service, d, []byte(payload), fence, wait)
+			}
+			if az.url != "" {
+				return a.demoAzureWorker(cmd, az, d, []byte(payload), fence, wait)
 			}
 			if store != "" {
 				return a.demoArtifactWorker(cmd, name, d, []byte(payload), wait, release, store)
@@ -502,6 +514,7 @@ func (a *app) demoWorkerCmd() *cobra.Command {
 	cmd.Flags().StringVar(&service, "service", "", "write to this participating service instead of publishing")
 	cmd.Flags().BoolVar(&fence, "fence", false, "fence the service right after acquiring")
 	cmd.Flags().StringVar(&store, "store", "", "publish the payload as an artifact in this store")
+	az.add(cmd)
 	return cmd
 }
 

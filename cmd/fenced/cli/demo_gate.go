@@ -128,15 +128,40 @@ func (a *app) demoGateRun(ctx context.Context, exe, dir string, fence bool) (boo
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return false, err
 	}
-	start := time.Now()
-	say := func(actor, format string, args ...any) {
-		fmt.Fprintf(a.stdout, "  %8s  %-4s  %s\n", fmt.Sprintf("+%.3fs", time.Since(start).Seconds()), actor, fmt.Sprintf(format, args...))
-	}
 	svc, err := startDemoService(filepath.Join(dir, "service.db"))
 	if err != nil {
 		return false, err
 	}
 	defer svc.close()
+	return a.demoDestinationRun(ctx, exe, dir, fence, demoTarget{
+		args:     []string{"--service", svc.url},
+		fenced:   func(tok string) string { return "fenced the service: its mark is now " + tok },
+		unfenced: func(tok string) string { return "does not fence: the service has not heard of token " + tok },
+		accepted: "the service ACCEPTED A's write (204)",
+		refused:  "the service REFUSED A's write (409: %s)",
+		wrote:    "(204)",
+		readers:  "readers of the service",
+		read:     svc.report,
+	})
+}
+
+// demoTarget is where the demo's workers write, and how the demo tells of it.
+type demoTarget struct {
+	args              []string // the workers' arguments naming the destination
+	fenced, unfenced  func(token string) string
+	accepted, refused string // refused has one %s: the refusal's reason
+	wrote             string // after B's write
+	readers           string // who reads the destination
+	read              func(ctx context.Context) (body, token string)
+}
+
+// demoDestinationRun runs the paused-writer schedule once against t and reports whether A's
+// stale write was accepted.
+func (a *app) demoDestinationRun(ctx context.Context, exe, dir string, fence bool, t demoTarget) (bool, error) {
+	start := time.Now()
+	say := func(actor, format string, args ...any) {
+		fmt.Fprintf(a.stdout, "  %8s  %-4s  %s\n", fmt.Sprintf("+%.3fs", time.Since(start).Seconds()), actor, fmt.Sprintf(format, args...))
+	}
 	path := filepath.Join(dir, "fenced.db")
 	drv, err := sqlite.Open(path)
 	if err != nil {
@@ -152,7 +177,7 @@ func (a *app) demoGateRun(ctx context.Context, exe, dir string, fence bool) (boo
 		return false, err
 	}
 	url := "sqlite:" + path
-	extra := []string{"--service", svc.url}
+	extra := t.args
 	if fence {
 		extra = append(extra, "--fence")
 	}
@@ -173,7 +198,7 @@ func (a *app) demoGateRun(ctx context.Context, exe, dir string, fence bool) (boo
 		if _, err := wa.expect("fenced"); err != nil {
 			return false, err
 		}
-		say("A", "fenced the service: its mark for %q is now %s", demoResource, tokA)
+		say("A", "%s", t.fenced(tokA))
 	}
 	if err := stopProcess(wa.cmd.Process); err != nil {
 		return false, fmt.Errorf("suspend worker A: %w", err)
@@ -200,9 +225,9 @@ func (a *app) demoGateRun(ctx context.Context, exe, dir string, fence bool) (boo
 		if _, err := wb.expect("fenced"); err != nil {
 			return false, err
 		}
-		say("B", "fenced the service: its mark is now %s", tokB)
+		say("B", "%s", t.fenced(tokB))
 	} else {
-		say("B", "does not fence: the service has not heard of token %s", tokB)
+		say("B", "%s", t.unfenced(tokB))
 	}
 
 	// 3. A resumes and sends its report with its old token.
@@ -219,17 +244,17 @@ func (a *app) demoGateRun(ctx context.Context, exe, dir string, fence bool) (boo
 	}
 	accepted := ev.Event == "written"
 	if accepted {
-		say("A", "the service ACCEPTED A's write (204)")
+		say("A", "%s", t.accepted)
 	} else {
-		say("A", "the service REFUSED A's write (409: %s)", ev.Reason)
+		say("A", t.refused, ev.Reason)
 	}
 	code := wa.wait()
 	say("A", "exited with code %d", code)
-	body, tok := svc.report(ctx)
+	body, tok := t.read(ctx)
 	if body == "" {
-		say("demo", "readers of the service now see no report")
+		say("demo", "%s now see no report", t.readers)
 	} else {
-		say("demo", "readers of the service now see %q written with token %s, while B owns the resource", body, tok)
+		say("demo", "%s now see %q written with token %s, while B owns the resource", t.readers, body, tok)
 	}
 
 	// 4. B finishes.
@@ -239,7 +264,7 @@ func (a *app) demoGateRun(ctx context.Context, exe, dir string, fence bool) (boo
 	if _, err := wb.expect("written"); err != nil {
 		return false, err
 	}
-	say("B", "wrote %q with token %s (204)", payloadB, tokB)
+	say("B", "wrote %q with token %s %s", payloadB, tokB, t.wrote)
 	if code := wb.wait(); code != ExitOK {
 		return false, fmt.Errorf("worker B exited with code %d: %s", code, wb.stderrText())
 	}
@@ -272,15 +297,26 @@ func (a *app) demoServiceWrite(ctx context.Context, service string, lease *fence
 	return fmt.Errorf("write to the service: %s: %s", resp.Status, p.Detail)
 }
 
-// demoDestinationFlag adds --destination to the demo command.
-func demoDestinationFlag(cmd *cobra.Command, dest *string) {
-	cmd.Flags().StringVar(dest, "destination", "row", `where the paused worker's write goes: "row" (fenced's own publication) or "gate" (a participating service)`)
+// demoDestinationFlag adds --destination and --azure to the demo command.
+func demoDestinationFlag(cmd *cobra.Command, dest, azure *string) {
+	cmd.Flags().StringVar(dest, "destination", "row", `where the paused worker's write goes: "row" (fenced's own publication), "gate" (a participating service) or "azure" (an Azure blob)`)
+	cmd.Flags().StringVar(azure, "azure", "", "the Azure Blob endpoint of --destination azure (default $FENCED_AZURE, else Azurite's "+azuriteURL+")")
 }
 
 // demoServiceWorker acquires, fences the service if asked, waits for "go" (its build) and
 // writes its payload to the service, reporting each step as a JSON line. Like the publishing
 // worker, it does not consult its trust window: the service's check is the fence.
 func (a *app) demoServiceWorker(cmd *cobra.Command, service string, ttl time.Duration, payload []byte, fence, wait bool) error {
+	return a.demoDestinationWorker(cmd, ttl, &destination.Remote{URL: service + "/fence"}, fence, wait,
+		func(ctx context.Context, lease *fenced.Lease) error {
+			return a.demoServiceWrite(ctx, service, lease, payload)
+		})
+}
+
+// demoDestinationWorker is a demo worker that writes to a destination: it acquires, fences
+// dest if asked, waits for "go" (its build) and calls write, reporting each step as a JSON line.
+func (a *app) demoDestinationWorker(cmd *cobra.Command, ttl time.Duration, dest fenced.Fencer, fence, wait bool,
+	write func(context.Context, *fenced.Lease) error) error {
 	ctx := cmd.Context()
 	s, err := a.open(cmd)
 	if err != nil {
@@ -296,7 +332,7 @@ func (a *app) demoServiceWorker(cmd *cobra.Command, service string, ttl time.Dur
 		return err
 	}
 	if fence {
-		if err := lease.Fence(ctx, &destination.Remote{URL: service + "/fence"}); err != nil {
+		if err := lease.Fence(ctx, dest); err != nil {
 			return err
 		}
 		if err := a.print(workerEvent{Event: "fenced", Generation: lease.Generation()}); err != nil {
@@ -309,5 +345,5 @@ func (a *app) demoServiceWorker(cmd *cobra.Command, service string, ttl time.Dur
 			return fmt.Errorf("worker: expected \"go\" on standard input: %v", err)
 		}
 	}
-	return a.demoServiceWrite(ctx, service, lease, payload)
+	return write(ctx, lease)
 }

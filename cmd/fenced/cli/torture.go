@@ -40,8 +40,9 @@ type tortureOptions struct {
 	faults       string
 	unfenced     bool
 	gate         bool
-	artifacts    bool   // publish through artifacts (torture_artifact.go)
-	store        string // the artifacts' store; default a folder in the report directory
+	artifacts    bool         // publish through artifacts (torture_artifact.go)
+	store        string       // the artifacts' store; default a folder in the report directory
+	azure        tortureAzure // --azure, --azure-mode
 	report       string
 	checkTimeout time.Duration
 	// restoreWithoutBump is the restore fault's control: the copy restored and no bump.
@@ -128,6 +129,7 @@ Exit code 7: violations found.`,
 	f.BoolVar(&o.artifacts, "artifacts", false, "publish every result as an artifact in a blob store and read it back through its pointer")
 	f.StringVar(&o.store, "store", "", "the artifacts' store URL (default: a folder in the report directory)")
 	f.BoolVar(&o.gate, "gate", false, "also write through a participating service's gate, fenced on acquisition (not with --unfenced)")
+	o.azure.flags(f)
 	f.StringVar(&o.report, "report", "", "directory for the HTML report and the histories (default: a new temporary directory)")
 	f.DurationVar(&o.checkTimeout, "check-timeout", time.Minute, "bound on the model check of each resource")
 	f.StringVar(&o.restartCmd, "restart-cmd", "", "shell command that restarts (or crashes and starts) the database server, for the restart fault; torture then waits for its port")
@@ -320,6 +322,9 @@ func (a *app) torture(cmd *cobra.Command, o tortureOptions) error {
 			}
 		}
 	}
+	if err := o.azure.validate(o); err != nil {
+		return err
+	}
 	if o.restoreWithoutBump && !contains(faults, torture.FaultRestore) {
 		return usagef("--restore-without-bump needs the restore fault")
 	}
@@ -430,6 +435,16 @@ func (a *app) torture(cmd *cobra.Command, o tortureOptions) error {
 		defer ad.b.Close()
 		drv = ad
 	}
+	azureArgs, dropContainer, err := o.azure.start(ctx)
+	if err != nil {
+		return err
+	}
+	defer dropContainer()
+	if len(azureArgs) > 0 {
+		t.azureArgs = azureArgs
+		fmt.Fprintf(a.stdout, "Azure blobs (%s) in container %s at %s, workers %s\n", o.azure.mode, azureArgs[3], o.azure.url,
+			o.azure.how(o.unfenced))
+	}
 	started := time.Now()
 	if err := t.execute(ctx, drv, plan); err != nil {
 		return err
@@ -482,8 +497,9 @@ type tortureRun struct {
 	hist      string
 	resources []string
 	faults    []string
-	gateURL   string // the participating service of --gate, or ""
-	storeURL  string // the artifacts' store of --artifacts, or ""
+	gateURL   string   // the participating service of --gate, or ""
+	storeURL  string   // the artifacts' store of --artifacts, or ""
+	azureArgs []string // the workers' --azure arguments, or none
 
 	mu    sync.Mutex
 	procs []*tortureProc // current process of each slot
@@ -672,6 +688,12 @@ func (t *tortureRun) startWorker(ctx context.Context, slot, incarnation int, rem
 			args = append(args, "--gate-fence")
 		}
 	}
+	if len(t.azureArgs) > 0 {
+		args = append(args, t.azureArgs...)
+		if !t.o.unfenced {
+			args = append(args, "--gate-fence")
+		}
+	}
 	if t.o.mutant != "" {
 		args = append(args, "--mutant", t.o.mutant)
 	}
@@ -836,6 +858,7 @@ func (a *app) tortureWorkerCmd() *cobra.Command {
 		resources, history, clockFile, seedStr, barrier, mutant string
 		noClock, naive, gateFence                               bool
 		gateURL, storeURL                                       string
+		az                                                      tortureAzureWorker
 	)
 	cmd := &cobra.Command{
 		Use:    "torture-worker",
@@ -870,6 +893,11 @@ func (a *app) tortureWorkerCmd() *cobra.Command {
 			if gateURL != "" {
 				cfg.Gate = &torture.GateConfig{URL: gateURL, Fence: gateFence}
 			}
+			if az.url != "" {
+				if cfg.Gate, err = az.config(gateFence); err != nil {
+					return err
+				}
+			}
 			rec, err := torture.NewRecorder(history, cfg.Proc)
 			if err != nil {
 				return err
@@ -897,7 +925,8 @@ func (a *app) tortureWorkerCmd() *cobra.Command {
 	f.BoolVar(&naive, "naive", false, "write unconditionally, as a plain lock would")
 	f.StringVar(&clockFile, "clock-file", "", "SQLite clock offset file")
 	f.StringVar(&gateURL, "gate", "", "participating service to write through")
-	f.BoolVar(&gateFence, "gate-fence", false, "fence the service right after acquiring")
+	f.BoolVar(&gateFence, "gate-fence", false, "fence the service (or the Azure blob) right after acquiring")
+	az.flags(f)
 	f.StringVar(&barrier, "barrier", "", "barrier file, held shared by each request")
 	f.StringVar(&storeURL, "artifact-store", "", "publish through artifacts in this store")
 	f.StringVar(&mutant, "mutant", "", "a planted bug (tests only)")

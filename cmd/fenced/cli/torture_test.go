@@ -234,7 +234,7 @@ func TestTortureUsage(t *testing.T) {
 // the checker must find writes the service accepted from a holder already superseded.
 func TestTortureGate(t *testing.T) {
 	t.Parallel()
-	gateLine := regexp.MustCompile(`(ok|VIOLATED) +3 at a participating service \(--gate\).* \((\d+) checked, (\d+) violations\)`)
+	gateLine := regexp.MustCompile(`(ok|VIOLATED) +3 at a participating service \(--gate\) or an Azure blob.* \((\d+) checked, (\d+) violations\)`)
 	t.Run("fenced", func(t *testing.T) {
 		t.Parallel()
 		code, out := runTorture(t, "", "--gate")

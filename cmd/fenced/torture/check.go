@@ -25,7 +25,7 @@ const (
 	InvLiveness         = "14 liveness: no acquisition is answered busy by a lease that had expired, on the database's clock, more than the bound before the request"
 	InvReadsMonotonic   = "9 reads never go back in time (per reader), except across a restore"
 	InvIdentityPerAcq   = "12 identity per acquisition: no owner identity is used by two acquisitions"
-	InvGate             = "3 at a participating service (--gate): it accepts no write carrying a token older than one whose holder was ready (fenced, or acquired when nobody fences) before the write was sent"
+	InvGate             = "3 at a participating service (--gate) or an Azure blob (--azure): it accepts no write carrying a token older than one whose holder was ready (fenced, or acquired when nobody fences) before the write was sent"
 	maxExcerpt          = 40
 	defaultCheckTimeout = time.Minute
 	flaggedCheckTimeout = 5 * time.Second

@@ -24,6 +24,18 @@ const (
 type GateConfig struct {
 	URL   string // the service: POST URL/fence, PUT URL/write
 	Fence bool
+	// Dest, when set, replaces the service at URL: the workers fence and write there (an Azure
+	// blob per resource, fenced by its lease or by ETag compare-and-swap, --azure). Its
+	// operations are recorded and checked as the service's are.
+	Dest Destination
+}
+
+// Destination is a place other than a participating service that checks tokens itself.
+// Fence is called right after acquiring when GateConfig.Fence is set; Write sends the build's
+// result, and returns an error matching destination.ErrStale when the destination refused it.
+type Destination interface {
+	Fence(ctx context.Context, lease *fenced.Lease) error
+	Write(ctx context.Context, lease *fenced.Lease, payload []byte) error
 }
 
 // Gate reports whether the operation went to the gate rather than the lease store.
@@ -40,7 +52,11 @@ func gateFence(ctx context.Context, cfg *GateConfig, rd *recording, lease *fence
 	if err != nil {
 		return false
 	}
-	err = (&destination.Remote{URL: cfg.URL + "/fence", Client: gateClient}).Fence(ctx, lease.Resource(), lease.Token())
+	if cfg.Dest != nil {
+		err = cfg.Dest.Fence(ctx, lease)
+	} else {
+		err = (&destination.Remote{URL: cfg.URL + "/fence", Client: gateClient}).Fence(ctx, lease.Resource(), lease.Token())
+	}
 	_ = rd.ret(id, Record{Out: gateOutcome(err)}, err)
 	return err == nil
 }
@@ -55,6 +71,11 @@ func gateWrite(ctx context.Context, cfg *GateConfig, rd *recording, lease *fence
 	r.Payload = string(payload)
 	id, err := rd.call(r)
 	if err != nil {
+		return
+	}
+	if cfg.Dest != nil {
+		err = cfg.Dest.Write(ctx, lease, payload)
+		_ = rd.ret(id, Record{Out: gateOutcome(err)}, err)
 		return
 	}
 	req, err := http.NewRequestWithContext(ctx, http.MethodPut, cfg.URL+"/write", bytes.NewReader(payload))
