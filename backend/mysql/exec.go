@@ -13,6 +13,7 @@ import (
 	"github.com/go-sql-driver/mysql"
 
 	"github.com/fenced-dev/fenced/driver"
+	"github.com/fenced-dev/fenced/internal/tlsfiles"
 )
 
 // Session kinds, found out once per driver (see the package doc).
@@ -306,6 +307,9 @@ func (e connectError) Error() string {
 		cause = dns.Error()
 	case errors.As(e.err, &errno):
 		cause = errno.Error()
+	}
+	if c, ok := tlsfiles.Cause(e.err, paramTLSCA); ok {
+		cause = c
 	}
 	return fmt.Sprintf("cannot connect to the MySQL or MariaDB server at %s: %s", e.addr, cause)
 }

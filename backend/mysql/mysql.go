@@ -48,9 +48,11 @@ package mysql
 
 import (
 	"context"
+	"crypto/sha256"
 	"database/sql"
 	sqldriver "database/sql/driver"
 	"embed"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"net"
@@ -63,6 +65,7 @@ import (
 	"github.com/go-sql-driver/mysql"
 
 	"github.com/fenced-dev/fenced/driver"
+	"github.com/fenced-dev/fenced/internal/tlsfiles"
 )
 
 //go:embed migrations/*.sql
@@ -153,6 +156,9 @@ func parseURL(rawURL string) (*mysql.Config, error) {
 	if strings.EqualFold(q.Get("tls"), "preferred") {
 		return nil, errors.New("parse mysql url: tls=preferred falls back to plain text; use tls=true (verified) or tls=skip-verify")
 	}
+	if err := customTLS(q); err != nil {
+		return nil, err
+	}
 	if !q.Has("interpolateParams") {
 		q.Set("interpolateParams", "true")
 	}
@@ -176,6 +182,42 @@ func parseURL(rawURL string) (*mysql.Config, error) {
 	}
 	cfg.ClientFoundRows = true
 	return cfg, nil
+}
+
+// fenced's URL parameters for a CA or a client certificate of the caller's, which
+// go-sql-driver reads only from a tls.Config registered under a name.
+const (
+	paramTLSCA         = "tls_ca"          // PEM file of the CAs that sign the server's certificate
+	paramTLSCert       = "tls_cert"        // PEM file of the client certificate
+	paramTLSKey        = "tls_key"         // PEM file of the client certificate's private key
+	paramTLSServerName = "tls_server_name" // the name the server's certificate must carry
+)
+
+// customTLS replaces the tls_* parameters of q, if any, by tls=NAME, a configuration built
+// from their files and registered with go-sql-driver under a name derived from them. They
+// imply a verified TLS connection: with tls=false, skip-verify or preferred they are refused.
+func customTLS(q url.Values) error {
+	files := tlsfiles.Files{CA: q.Get(paramTLSCA), Cert: q.Get(paramTLSCert), Key: q.Get(paramTLSKey), ServerName: q.Get(paramTLSServerName)}
+	if files == (tlsfiles.Files{}) {
+		return nil
+	}
+	if v := q.Get("tls"); v != "" && !strings.EqualFold(v, "true") {
+		return fmt.Errorf("parse mysql url: tls=%s with tls_ca, tls_cert or tls_key; these verify the server: leave tls out or set tls=true", v)
+	}
+	cfg, err := tlsfiles.Config(files, tlsfiles.Params{CA: paramTLSCA, Cert: paramTLSCert, Key: paramTLSKey})
+	if err != nil {
+		return fmt.Errorf("parse mysql url: %w", err)
+	}
+	sum := sha256.Sum256([]byte(files.CA + "\x00" + files.Cert + "\x00" + files.Key + "\x00" + files.ServerName))
+	name := "fenced-" + hex.EncodeToString(sum[:8])
+	if err := mysql.RegisterTLSConfig(name, cfg); err != nil {
+		return fmt.Errorf("parse mysql url: register the TLS configuration: %w", err)
+	}
+	for _, k := range []string{paramTLSCA, paramTLSCert, paramTLSKey, paramTLSServerName} {
+		q.Del(k)
+	}
+	q.Set("tls", name)
+	return nil
 }
 
 // DB returns the underlying handle.

@@ -93,6 +93,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/fenced-dev/fenced/driver"
+	"github.com/fenced-dev/fenced/internal/tlsfiles"
 )
 
 //go:embed migrations/*.sql
@@ -150,6 +151,9 @@ func Open(ctx context.Context, rawURL string) (*Driver, error) {
 		// pgx's parse errors already hide the password.
 		return nil, fmt.Errorf("open postgres: %w", err)
 	}
+	if err := refuseTLSFallback(cfg.ConnConfig); err != nil {
+		return nil, err
+	}
 	if u, err := url.Parse(rawURL); err == nil && !u.Query().Has("pool_max_conns") {
 		cfg.MaxConns = max(cfg.MaxConns, DefaultMaxConns)
 	}
@@ -158,6 +162,40 @@ func Open(ctx context.Context, rawURL string) (*Driver, error) {
 		return nil, fmt.Errorf("open postgres: %w", err)
 	}
 	return &Driver{pool: pool, owned: true}, nil
+}
+
+// refuseTLSFallback refuses a configuration that would try a server beyond loopback both with
+// and without TLS: pgx's sslmode=prefer, its default when neither the URL nor $PGSSLMODE names
+// one, falls back to plain text when the TLS attempt fails (and allow tries plain text first),
+// so a URL that looks encrypted could run in the clear, with no sign of it. The operator says
+// which they mean: disable, or require, verify-ca, verify-full. Loopback hosts and Unix
+// sockets keep pgx's default: their traffic does not cross a network.
+func refuseTLSFallback(cfg *pgx.ConnConfig) error {
+	withTLS, plain := cfg.TLSConfig != nil, cfg.TLSConfig == nil
+	remote := ""
+	if !loopback(cfg.Host) {
+		remote = cfg.Host
+	}
+	for _, f := range cfg.Fallbacks {
+		withTLS, plain = withTLS || f.TLSConfig != nil, plain || f.TLSConfig == nil
+		if remote == "" && !loopback(f.Host) {
+			remote = f.Host
+		}
+	}
+	if withTLS && plain && remote != "" {
+		return fmt.Errorf("open postgres: the URL's sslmode (prefer, pgx's default, or allow) falls back to plain text with %s when TLS fails; set sslmode=verify-full (with sslrootcert), require, or disable", remote)
+	}
+	return nil
+}
+
+// loopback reports whether host, as pgx resolved it from the URL, is a Unix socket's directory
+// or a loopback name or address.
+func loopback(host string) bool {
+	if strings.HasPrefix(host, "/") || strings.EqualFold(host, "localhost") {
+		return true
+	}
+	ip := net.ParseIP(host)
+	return ip != nil && ip.IsLoopback()
 }
 
 // Pool returns the underlying pool.
@@ -977,7 +1015,10 @@ func connectionFailure(err error) error {
 		op    *net.OpError
 		cause string
 	)
+	tlsCause, isTLS := tlsfiles.Cause(err, "sslrootcert")
 	switch {
+	case isTLS:
+		cause = tlsCause
 	case errors.As(err, &pgErr): // refused by the server: authentication, no such database
 		cause = pgErr.Message
 	case errors.As(err, &dns):

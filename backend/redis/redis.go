@@ -79,8 +79,10 @@ package redis
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"net/url"
 	"strconv"
@@ -91,6 +93,7 @@ import (
 	goredis "github.com/redis/go-redis/v9"
 
 	"github.com/fenced-dev/fenced/driver"
+	"github.com/fenced-dev/fenced/internal/tlsfiles"
 )
 
 // DefaultKeyPrefix is Options.KeyPrefix when it is empty.
@@ -130,11 +133,24 @@ func New(client goredis.UniversalClient, opts *Options) *Driver {
 	return &Driver{client: client, prefix: prefix}
 }
 
+// The URL parameters of fenced's own, beside go-redis's.
+const (
+	paramKeyPrefix     = "key_prefix"
+	paramTLSCA         = "tls_ca"          // PEM file of the CAs that sign the server's certificate
+	paramTLSCert       = "tls_cert"        // PEM file of the client certificate
+	paramTLSKey        = "tls_key"         // PEM file of the client certificate's private key
+	paramTLSServerName = "tls_server_name" // the name the server's certificate must carry
+)
+
 // Open connects to a URL of the form redis://[user:password@]host:port/db (or rediss:// for
-// TLS, or unix://path), with go-redis's query options (pool_size, dial_timeout, ...) and one of
-// fenced's own: key_prefix, default DefaultKeyPrefix. It disables go-redis retries (of commands,
-// refusing a max_retries option, and of dials: one dial per connection attempt). The returned
-// driver owns its client and closes it in Close. Open does not contact the server.
+// TLS, or unix://path), with go-redis's query options (pool_size, dial_timeout, skip_verify,
+// ...) and fenced's own: key_prefix, default DefaultKeyPrefix, and for rediss:// tls_ca=FILE
+// (default: the system's roots), tls_cert=FILE and tls_key=FILE (a client certificate, both or
+// neither) and tls_server_name=NAME (default: the host). TLS parameters on redis:// are
+// refused: a URL that asks for TLS never connects in plain text. It disables go-redis retries
+// (of commands, refusing a max_retries option, and of dials: one dial per connection attempt).
+// The returned driver owns its client and closes it in Close. Open does not contact the
+// server; a TLS failure is the first operation's error, not applied.
 func Open(rawURL string) (*Driver, error) {
 	u, err := url.Parse(rawURL)
 	if err != nil {
@@ -148,12 +164,32 @@ func Open(rawURL string) (*Driver, error) {
 	if q.Has("max_retries") {
 		return nil, errors.New("open redis: max_retries is not allowed: a resent script could be applied twice")
 	}
-	prefix := q.Get("key_prefix")
-	q.Del("key_prefix")
+	prefix := q.Get(paramKeyPrefix)
+	files := tlsfiles.Files{CA: q.Get(paramTLSCA), Cert: q.Get(paramTLSCert), Key: q.Get(paramTLSKey), ServerName: q.Get(paramTLSServerName)}
+	tlsParams := false
+	for _, k := range []string{paramTLSCA, paramTLSCert, paramTLSKey, paramTLSServerName} {
+		tlsParams = tlsParams || q.Has(k)
+		q.Del(k)
+	}
+	q.Del(paramKeyPrefix)
+	if tlsParams && u.Scheme != "rediss" {
+		return nil, errors.New("open redis: the URL has TLS parameters (tls_ca, tls_cert, tls_key, tls_server_name) on " + u.Scheme + "://, which is plain text; use rediss://")
+	}
 	u.RawQuery = q.Encode()
 	opt, err := goredis.ParseURL(u.String())
 	if err != nil {
 		return nil, fmt.Errorf("open redis: %w", err)
+	}
+	if tlsParams {
+		cfg, err := tlsfiles.Config(files, tlsfiles.Params{CA: paramTLSCA, Cert: paramTLSCert, Key: paramTLSKey})
+		if err != nil {
+			return nil, fmt.Errorf("open redis: %w", err)
+		}
+		if cfg.ServerName == "" {
+			cfg.ServerName = opt.TLSConfig.ServerName // the host, as go-redis sets it
+		}
+		cfg.InsecureSkipVerify = opt.TLSConfig.InsecureSkipVerify // skip_verify=true, go-redis's own
+		opt.TLSConfig = cfg
 	}
 	opt.MaxRetries = -1
 	// One dial per connection attempt: a failed dial is reported at once as not applied, and
@@ -484,11 +520,33 @@ func (d *Driver) run(ctx context.Context, s *goredis.Script, name string, keys [
 	if err := cmd.Err(); err != nil {
 		if cf := connectionFailure(d.addr(), err); cf != nil {
 			cmd.SetErr(driver.NotApplied(cf)) // says it all: which script is beside the point
+		} else if tf := d.plainToTLS(err); tf != nil {
+			cmd.SetErr(driver.NotApplied(tf))
 		} else {
 			cmd.SetErr(fmt.Errorf("run %s script: %w", name, classify(err)))
 		}
 	}
 	return cmd
+}
+
+// plainToTLS explains a connection closed without an answer (EOF, reset) on a client without
+// TLS: when the server completes a TLS handshake, it speaks only TLS on that port, the URL
+// should be rediss://, and nothing sent in plain text was run (a TLS server reads those bytes
+// as a malformed record and drops the connection). It returns nil for any other case. The
+// probe sends nothing but a handshake, and verifies nothing: it only learns whether TLS answers.
+func (d *Driver) plainToTLS(err error) error {
+	c, ok := d.client.(*goredis.Client)
+	if !ok || c.Options().TLSConfig != nil || !errors.Is(err, io.EOF) && !errors.Is(err, syscall.ECONNRESET) {
+		return nil
+	}
+	opt := c.Options()
+	conn, herr := tls.DialWithDialer(&net.Dialer{Timeout: time.Second}, opt.Network, opt.Addr,
+		&tls.Config{InsecureSkipVerify: true, MinVersion: tls.VersionTLS12}) //nolint:gosec // no data is exchanged
+	if herr != nil {
+		return nil
+	}
+	_ = conn.Close()
+	return &connError{msg: fmt.Sprintf("the Redis server at %s speaks TLS and this URL is redis:// (plain text); use rediss://", opt.Addr), err: err}
 }
 
 // connError is a failure to connect, in the user's terms; go-redis's error stays reachable
@@ -501,10 +559,14 @@ type connError struct {
 func (e *connError) Error() string { return e.msg }
 func (e *connError) Unwrap() error { return e.err }
 
-// connectionFailure words a dial failure as one sentence naming the server and the cause
-// ("connection refused"), or returns nil for any other error. Nothing was sent. addr is the
+// connectionFailure words a dial failure or a failed TLS handshake as one sentence naming the
+// server and the cause ("connection refused", "its certificate is signed by an unknown
+// authority"), or returns nil for any other error. Nothing was sent. addr is the
 // client's configured address, named when the dial failed before it had one (a DNS failure).
 func connectionFailure(addr string, err error) error {
+	if cause, ok := tlsfiles.Cause(err, paramTLSCA); ok {
+		return &connError{msg: fmt.Sprintf("cannot connect to the Redis server at %s: %s", addr, cause), err: err}
+	}
 	var op *net.OpError
 	if !errors.As(err, &op) || op.Op != "dial" {
 		return nil

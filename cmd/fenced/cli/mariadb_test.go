@@ -21,8 +21,8 @@ import (
 // startMariaDB starts a MariaDB server of the test's own (mariadb-install-db, then mariadbd) on
 // a loopback port in a temporary directory, which the test may reconfigure (read_only) without
 // touching the shared server, and returns a handle on it as root. The server is stopped and
-// the directory removed when the test ends.
-func startMariaDB(t *testing.T) (port int, root *sql.DB) {
+// the directory removed when the test ends. extra are more server options (--name=value).
+func startMariaDB(t *testing.T, extra ...string) (port int, root *sql.DB) {
 	t.Helper()
 	install, err1 := exec.LookPath("mariadb-install-db")
 	server, err2 := exec.LookPath("mariadbd")
@@ -77,6 +77,7 @@ func startMariaDB(t *testing.T) (port int, root *sql.DB) {
 	srv := exec.Command(server, "--no-defaults", "--datadir="+data, "--port="+strconv.Itoa(port),
 		"--bind-address=127.0.0.1", "--socket="+filepath.Join(dir, "sock"), "--pid-file="+filepath.Join(dir, "pid"),
 		"--skip-log-bin", "--innodb-buffer-pool-size=16M", "--log-error="+logFile)
+	srv.Args = append(srv.Args, extra...)
 	srv.SysProcAttr = &syscall.SysProcAttr{Credential: cred}
 	if err := srv.Start(); err != nil {
 		t.Fatal(err)

@@ -123,11 +123,14 @@ func (s *pgServers) standby(name string, from pgServer) pgServer {
 	return p
 }
 
-func (p pgServer) start() {
+func (p pgServer) start() { p.s.t.Helper(); p.startWith("") }
+
+// startWith starts the server with more server options (-c name=value ...).
+func (p pgServer) startWith(options string) {
 	p.s.t.Helper()
 	p.s.runs = append(p.s.runs, p.data())
 	p.s.exec("pg_ctl", "-D", p.data(), "-l", p.data()+".log", "-w", "-t", "60", "start", "-o",
-		fmt.Sprintf("-p %d -c listen_addresses=127.0.0.1 -c unix_socket_directories=%s", p.port, p.s.dir))
+		fmt.Sprintf("-p %d -c listen_addresses=127.0.0.1 -c unix_socket_directories=%s %s", p.port, p.s.dir, options))
 }
 
 func (p pgServer) stop() {
