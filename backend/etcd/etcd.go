@@ -167,8 +167,9 @@ func New(client *clientv3.Client, opts *Options) *Driver {
 // etcd:// is plain gRPC; etcds:// is TLS, verifying the servers against ca (default: the
 // system's roots) and presenting the client certificate cert/key when given. user and password
 // log in to etcd's authentication; a wrong one is an error from Open. A TLS failure (an
-// unknown CA, a refused client certificate) is an error of the first operation, which never
-// falls back to plain text. Errors never repeat the URL, which may hold a password. The
+// unknown CA, a refused client certificate) is an error from Open, found at once by one
+// handshake with each endpoint before the client's dial (checkTLS), and never falls back to
+// plain text. Errors never repeat the URL, which may hold a password. The
 // driver owns the client and closes it in Close. A call that finds no endpoint reachable fails
 // at once, not applied, naming the endpoints and the cause, instead of waiting for one until its
 // context ends (failFast in classify.go).
@@ -176,6 +177,11 @@ func Open(rawURL string) (*Driver, error) {
 	c, err := parseURL(rawURL)
 	if err != nil {
 		return nil, fmt.Errorf("open etcd: %w", err)
+	}
+	if c.tls != nil {
+		if err := checkTLS(c); err != nil {
+			return nil, err
+		}
 	}
 	cli, err := clientv3.New(clientv3.Config{
 		Endpoints:   c.endpoints,

@@ -2,17 +2,9 @@ package etcd
 
 import (
 	"context"
-	"crypto/ecdsa"
-	"crypto/elliptic"
-	"crypto/rand"
 	"crypto/tls"
 	"crypto/x509"
-	"crypto/x509/pkix"
-	"encoding/pem"
-	"math/big"
-	"net"
 	"net/url"
-	"os"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -24,86 +16,22 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/fenced-dev/fenced"
+	"github.com/fenced-dev/fenced/internal/testcert"
 )
-
-// testCA is a certificate authority made by the test.
-type testCA struct {
-	cert *x509.Certificate
-	key  *ecdsa.PrivateKey
-	file string // its certificate, PEM
-}
-
-func newCA(t *testing.T, dir, name string) *testCA {
-	t.Helper()
-	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	if err != nil {
-		t.Fatal(err)
-	}
-	tmpl := &x509.Certificate{
-		SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: name},
-		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(24 * time.Hour),
-		IsCA: true, BasicConstraintsValid: true, KeyUsage: x509.KeyUsageCertSign | x509.KeyUsageDigitalSignature,
-	}
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
-	if err != nil {
-		t.Fatal(err)
-	}
-	cert, err := x509.ParseCertificate(der)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ca := &testCA{cert: cert, key: key, file: filepath.Join(dir, name+".pem")}
-	writePEM(t, ca.file, "CERTIFICATE", der)
-	return ca
-}
-
-// issue writes a certificate for name signed by ca, and its key, and returns both files.
-func (ca *testCA) issue(t *testing.T, dir, name string, usage x509.ExtKeyUsage) (certFile, keyFile string) {
-	t.Helper()
-	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	if err != nil {
-		t.Fatal(err)
-	}
-	serial, _ := rand.Int(rand.Reader, big.NewInt(1<<62))
-	tmpl := &x509.Certificate{
-		SerialNumber: serial, Subject: pkix.Name{CommonName: name},
-		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(24 * time.Hour),
-		KeyUsage: x509.KeyUsageDigitalSignature, ExtKeyUsage: []x509.ExtKeyUsage{usage},
-		IPAddresses: []net.IP{net.ParseIP("127.0.0.1")}, DNSNames: []string{"localhost"},
-	}
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, ca.cert, &key.PublicKey, ca.key)
-	if err != nil {
-		t.Fatal(err)
-	}
-	keyDER, err := x509.MarshalPKCS8PrivateKey(key)
-	if err != nil {
-		t.Fatal(err)
-	}
-	certFile, keyFile = filepath.Join(dir, name+".pem"), filepath.Join(dir, name+"-key.pem")
-	writePEM(t, certFile, "CERTIFICATE", der)
-	writePEM(t, keyFile, "PRIVATE KEY", keyDER)
-	return certFile, keyFile
-}
-
-func writePEM(t *testing.T, file, kind string, der []byte) {
-	t.Helper()
-	if err := os.WriteFile(file, pem.EncodeToMemory(&pem.Block{Type: kind, Bytes: der}), 0o600); err != nil {
-		t.Fatal(err)
-	}
-}
 
 // TestTLSAndAuth starts a one-member etcd that serves clients over TLS only, requires a client
 // certificate signed by its CA, and has authentication enabled, then opens the driver through
 // etcds:// URLs. The right CA, certificate and password work; a wrong password, an unknown
 // server CA, a client certificate from another CA, none at all, and plain etcd:// against the
-// TLS port are each an error, and no error repeats the password.
+// TLS port are each an error, the certificate problems within 4 seconds (before the client's
+// 5-second dial timeout), and no error repeats the password.
 func TestTLSAndAuth(t *testing.T) {
 	t.Parallel()
 	dir := t.TempDir()
-	ca, other := newCA(t, dir, "fenced-test-ca"), newCA(t, dir, "other-ca")
-	serverCert, serverKey := ca.issue(t, dir, "server", x509.ExtKeyUsageServerAuth)
-	clientCert, clientKey := ca.issue(t, dir, "fenced-client", x509.ExtKeyUsageClientAuth)
-	strangerCert, strangerKey := other.issue(t, dir, "stranger", x509.ExtKeyUsageClientAuth)
+	ca, other := testcert.NewCA(t, dir, "fenced-test-ca"), testcert.NewCA(t, dir, "other-ca")
+	serverCert, serverKey := ca.Issue(t, dir, "server", x509.ExtKeyUsageServerAuth)
+	clientCert, clientKey := ca.Issue(t, dir, "fenced-client", x509.ExtKeyUsageClientAuth)
+	strangerCert, strangerKey := other.Issue(t, dir, "stranger", x509.ExtKeyUsageClientAuth)
 
 	peerURL, err := freeLoopbackURL()
 	if err != nil {
@@ -120,7 +48,7 @@ func TestTLSAndAuth(t *testing.T) {
 	cfg.ListenPeerUrls, cfg.AdvertisePeerUrls = []url.URL{peerURL}, []url.URL{peerURL}
 	cfg.ListenClientUrls, cfg.AdvertiseClientUrls = []url.URL{clientURL}, []url.URL{clientURL}
 	cfg.InitialCluster = "tls=" + peerURL.String()
-	cfg.ClientTLSInfo = transport.TLSInfo{CertFile: serverCert, KeyFile: serverKey, TrustedCAFile: ca.file, ClientCertAuth: true}
+	cfg.ClientTLSInfo = transport.TLSInfo{CertFile: serverCert, KeyFile: serverKey, TrustedCAFile: ca.File, ClientCertAuth: true}
 	cfg.ZapLoggerBuilder = embed.NewZapLoggerBuilder(testLogger())
 	e, err := embed.StartEtcd(cfg)
 	if err != nil {
@@ -143,7 +71,7 @@ func TestTLSAndAuth(t *testing.T) {
 			t.Fatal(err)
 		}
 		pool := x509.NewCertPool()
-		pool.AddCert(ca.cert)
+		pool.AddCert(ca.Cert)
 		cli, err := clientv3.New(clientv3.Config{Endpoints: []string{host}, DialTimeout: 5 * time.Second, Logger: zap.NewNop(),
 			TLS: &tls.Config{RootCAs: pool, Certificates: []tls.Certificate{pair}, MinVersion: tls.VersionTLS12}})
 		if err != nil {
@@ -160,7 +88,7 @@ func TestTLSAndAuth(t *testing.T) {
 		}
 	}
 
-	q := url.Values{"ca": {ca.file}, "cert": {clientCert}, "key": {clientKey}, "prefix": {newPrefix()}}
+	q := url.Values{"ca": {ca.File}, "cert": {clientCert}, "key": {clientKey}, "prefix": {newPrefix()}}
 	good := "etcds://root:" + password + "@" + host + "/?" + q.Encode()
 	ctx := func() context.Context {
 		c, cancel := context.WithTimeout(context.Background(), 20*time.Second)
@@ -204,13 +132,14 @@ func TestTLSAndAuth(t *testing.T) {
 	for name, c := range map[string]struct{ url, want string }{
 		"wrong password":     {"etcds://root:wrong-" + password + "@" + host + "/?" + q.Encode(), "authentication failed"},
 		"no password":        {"etcds://" + host + "/?" + q.Encode(), "permission denied"},
-		"unknown server CA":  {"etcds://root:" + password + "@" + host + "/?" + with(func(q url.Values) { q.Set("ca", other.file) }).Encode(), "unknown authority"},
+		"unknown server CA":  {"etcds://root:" + password + "@" + host + "/?" + with(func(q url.Values) { q.Set("ca", other.File) }).Encode(), "unknown authority"},
 		"stranger's cert":    {"etcds://root:" + password + "@" + host + "/?" + with(func(q url.Values) { q.Set("cert", strangerCert); q.Set("key", strangerKey) }).Encode(), "certificate required"},
 		"no client cert":     {"etcds://root:" + password + "@" + host + "/?" + with(func(q url.Values) { q.Del("cert"); q.Del("key") }).Encode(), "certificate required"},
 		"plain text":         {"etcd://root:" + password + "@" + host + "/?prefix=" + url.QueryEscape(q.Get("prefix")), "use etcds://"},
 		"TLS params on etcd": {"etcd://root:" + password + "@" + host + "/?" + q.Encode(), "use etcds://"},
 	} {
 		t.Run(name, func(t *testing.T) {
+			start := time.Now()
 			err := func() error {
 				d, err := Open(c.url)
 				if err != nil {
@@ -222,6 +151,9 @@ func TestTLSAndAuth(t *testing.T) {
 			}()
 			if err == nil {
 				t.Fatal("opened and used the store")
+			}
+			if took := time.Since(start); (strings.Contains(c.want, "certificate") || strings.Contains(c.want, "authority")) && took > 4*time.Second {
+				t.Errorf("took %v: a certificate problem must not wait for the dial timeout (5s)", took)
 			}
 			if strings.Contains(err.Error(), password) {
 				t.Errorf("the error repeats the password: %v", err)

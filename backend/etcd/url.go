@@ -10,8 +10,11 @@ import (
 	"net/url"
 	"os"
 	"strings"
+	"sync"
 	"syscall"
 	"time"
+
+	"github.com/fenced-dev/fenced/internal/tlsfiles"
 )
 
 // clientURL is what Open reads from its URL.
@@ -132,22 +135,8 @@ func diagnose(c clientURL, err error) error {
 			}
 			continue
 		}
-		cfg := c.tls.Clone()
-		cfg.NextProtos = []string{"h2"}
-		conn, herr := tls.DialWithDialer(dialer, "tcp", ep, cfg)
-		if herr != nil {
-			if errors.As(herr, new(*net.OpError)) && !strings.Contains(herr.Error(), "tls") && !strings.Contains(herr.Error(), "x509") {
-				continue // not reachable: the timeout says as much
-			}
-			return fmt.Errorf("TLS handshake with etcd at %s failed: %w", ep, herr)
-		}
-		// Under TLS 1.3 the server checks the client's certificate after the client's side of
-		// the handshake is done: its refusal arrives as an alert on the first read.
-		_ = conn.SetReadDeadline(time.Now().Add(time.Second))
-		_, rerr := conn.Read(make([]byte, 1))
-		_ = conn.Close()
-		if rerr != nil && strings.Contains(rerr.Error(), "tls:") {
-			return fmt.Errorf("etcd at %s refused this client's certificate: %w", ep, rerr)
+		if herr := handshake(c, dialer, ep); herr != nil {
+			return herr
 		}
 	}
 	if len(unreachable) == len(c.endpoints) {
@@ -158,6 +147,52 @@ func diagnose(c clientURL, err error) error {
 		return &connError{msg: fmt.Sprintf("cannot connect to %s%s: %s", where, strings.Join(c.endpoints, ", "), unreachable[0]), err: err}
 	}
 	return err
+}
+
+// handshake makes one TLS handshake with ep, with the URL's settings, and returns the
+// server's refusal or the client's (an unknown CA, a certificate not valid for the name, a
+// client certificate refused), or nil when it succeeds or when ep is not reachable at all.
+func handshake(c clientURL, dialer *net.Dialer, ep string) error {
+	cfg := c.tls.Clone()
+	cfg.NextProtos = []string{"h2"}
+	conn, err := tls.DialWithDialer(dialer, "tcp", ep, cfg)
+	if err == nil {
+		// Under TLS 1.3 the server checks the client's certificate after the client's side of
+		// the handshake is done: its refusal arrives as an alert on the first read, where a
+		// gRPC server that accepted sends its HTTP/2 settings at once.
+		_ = conn.SetReadDeadline(time.Now().Add(time.Second))
+		_, err = conn.Read(make([]byte, 1))
+		_ = conn.Close()
+	}
+	if err == nil {
+		return nil
+	}
+	if cause, ok := tlsfiles.Cause(err, paramCA); ok {
+		return &connError{msg: fmt.Sprintf("cannot connect to the etcd server at %s: %s", ep, cause), err: err}
+	}
+	if strings.Contains(err.Error(), "tls:") || strings.Contains(err.Error(), "x509") {
+		return fmt.Errorf("TLS handshake with etcd at %s failed: %w", ep, err)
+	}
+	return nil // not reachable, or no answer within the second: the client says so
+}
+
+// checkTLS makes a handshake with every endpoint of an etcds:// URL, at once, before the client
+// dials: clientv3 retries a handshake the server refuses until its dial timeout, and would report
+// a certificate problem only as that timeout. An endpoint that does not answer is left to the
+// client.
+func checkTLS(c clientURL) error {
+	errs := make([]error, len(c.endpoints))
+	var wg sync.WaitGroup
+	for i, ep := range c.endpoints {
+		wg.Go(func() { errs[i] = handshake(c, &net.Dialer{Timeout: 2 * time.Second}, ep) })
+	}
+	wg.Wait()
+	for _, err := range errs {
+		if err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // dialCause is the reason a TCP dial failed, without the addresses ("connection refused").

@@ -6,8 +6,10 @@ import (
 	"strings"
 )
 
-// secretParams are the query parameters whose values are secrets in some backend's URL.
-var secretParams = []string{"password", "passwd", "pass", "pwd", "token", "secret"}
+// secretParams are the query parameters whose values are secrets in some backend's URL: a
+// password, or where a private key lies (pgx's sslkey and sslpassword, etcd's key, the tls_key
+// of Redis and MariaDB URLs), which says more about a host than a message needs to.
+var secretParams = []string{"password", "passwd", "pass", "pwd", "token", "secret", "sslpassword", "sslkey", "key", "tls_key"}
 
 // urlSecrets returns the secrets rawURL carries: the userinfo password and the values of
 // secretParams, each as written and as decoded. It reads the URL leniently, so that a URL too

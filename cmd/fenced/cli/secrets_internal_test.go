@@ -8,7 +8,8 @@ import (
 )
 
 // TestRedact: every form a password takes in a URL (userinfo, escaped or not, a password=
-// parameter) is blanked out of a message that repeats the URL, as url.Parse's errors do.
+// parameter), and the path of a private key (tls_key, key, sslkey) and its passphrase
+// (sslpassword), is blanked out of a message that repeats the URL, as url.Parse's errors do.
 func TestRedact(t *testing.T) {
 	const secret = "S3cr3t Pw!"
 	pathEsc, queryEsc := url.PathEscape(secret), url.QueryEscape(secret)
@@ -21,6 +22,10 @@ func TestRedact(t *testing.T) {
 		{"redis://:" + pathEsc + "@h:1/0", []string{pathEsc, secret}},
 		{"etcds://u:" + pathEsc + "@h1:1,h2:2/?ca=x", []string{pathEsc, secret}},
 		{"sqlserver://h?database=x&password=" + queryEsc, []string{queryEsc, secret}},
+		{"rediss://h:1/0?tls_ca=/ca.pem&tls_cert=/c.pem&tls_key=" + queryEsc, []string{queryEsc, secret}},
+		{"mysql://u@h/db?tls_key=" + queryEsc + "&tls_ca=/ca.pem", []string{queryEsc, secret}},
+		{"etcds://h:1/?ca=/ca.pem&cert=/c.pem&key=" + queryEsc, []string{queryEsc, secret}},
+		{"postgres://u@h/db?sslmode=verify-full&sslkey=" + queryEsc + "&sslpassword=" + queryEsc, []string{queryEsc, secret}},
 	} {
 		_, perr := url.Parse(c.db)
 		msg := fmt.Sprintf("open: %v; raw %s; decoded %s", perr, c.db, strings.Join(c.forms, " "))
