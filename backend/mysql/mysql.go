@@ -97,8 +97,10 @@ func New(db *sql.DB) *Driver { return &Driver{db: db} }
 
 // DSN translates a URL of the form mysql://user:password@host:port/database?param=value into
 // the go-sql-driver/mysql data source name that Open uses. Query parameters are passed to
-// go-sql-driver/mysql as they are (its own options, or server variables such as time_zone);
-// clientFoundRows is always set, and asking for clientFoundRows=false is an error.
+// go-sql-driver/mysql as they are (its own options, or server variables such as time_zone),
+// except fenced's tls_ca, tls_cert, tls_key and tls_server_name, which become a TLS
+// configuration registered under a name of its own (see customTLS); clientFoundRows is always
+// set, and asking for clientFoundRows=false is an error.
 // interpolateParams defaults to true: the driver then sends each statement with its arguments
 // escaped in one round trip, instead of preparing it, executing it and closing it, which
 // halves the latency of every operation under load. Pass interpolateParams=false to prepare.

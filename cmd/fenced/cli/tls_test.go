@@ -43,6 +43,24 @@ func refusedPromptly(tg target, code int, limit time.Duration, want, secrets []s
 	return msg
 }
 
+// roundTrip bumps the epoch (so that epoch != generation), provisions resource, acquires it and
+// publishes a payload with a NUL byte under the lease, and returns the resource's state: what a
+// connection that works must be able to do.
+func (tg target) roundTrip(resource string) stateOut {
+	tg.t.Helper()
+	tg.ok(nil, "epoch", "bump")
+	tg.ok(nil, "provision", resource)
+	l := tg.acquire(resource, "1m")
+	if l.Epoch == l.Generation {
+		tg.t.Fatal("epoch equals generation")
+	}
+	tg.ok([]byte("a\x00b"), "publish", resource, "--owner", l.Owner, "--token", l.Token, "--release")
+	if got := tg.ok(nil, "get", resource); string(got) != "a\x00b" {
+		tg.t.Fatalf("get over TLS: %q", got)
+	}
+	return tg.show(resource)
+}
+
 // startRedisTLS runs a redis-server of the test's own that accepts only TLS connections (the
 // plain port is off), on a free loopback port, with certFile and keyFile as its certificate,
 // caFile as the CA of client certificates (required when clientCerts), a password, and the
@@ -127,17 +145,7 @@ func TestRedisTLS(t *testing.T) {
 	waitRedisTLS(t, addr, password, ca.Cert, clientCert, clientKey)
 	good := "rediss://:" + url.QueryEscape(password) + "@" + addr + "/0?" + q.Encode()
 	tg := target{t: t, url: good, dir: t.TempDir()}
-	tg.ok(nil, "epoch", "bump")
-	tg.ok(nil, "provision", "tls ü/x")
-	l := tg.acquire("tls ü/x", "1m")
-	if l.Epoch == l.Generation {
-		t.Fatal("epoch equals generation")
-	}
-	tg.ok([]byte("a\x00b"), "publish", "tls ü/x", "--owner", l.Owner, "--token", l.Token, "--release")
-	if got := tg.ok(nil, "get", "tls ü/x"); string(got) != "a\x00b" {
-		t.Fatalf("get over TLS: %q", got)
-	}
-	before := tg.show("tls ü/x")
+	before := tg.roundTrip("tls ü/x")
 
 	secrets := []string{password, clientKey}
 	for _, c := range []struct {
@@ -198,14 +206,7 @@ func TestPostgresTLS(t *testing.T) {
 
 	base := fmt.Sprintf("postgres://postgres@127.0.0.1:%d/postgres", p.port)
 	good := target{t: t, url: base + "?" + url.Values{"sslmode": {"verify-full"}, "sslrootcert": {ca.File}}.Encode(), dir: t.TempDir()}
-	good.ok(nil, "epoch", "bump")
-	good.ok(nil, "provision", "tls ü/x")
-	l := good.acquire("tls ü/x", "1m")
-	if l.Epoch == l.Generation {
-		t.Fatal("epoch equals generation")
-	}
-	good.ok([]byte("a\x00b"), "publish", "tls ü/x", "--owner", l.Owner, "--token", l.Token, "--release")
-	before := good.show("tls ü/x")
+	before := good.roundTrip("tls ü/x")
 
 	addr := fmt.Sprintf("127.0.0.1:%d", p.port)
 	for _, c := range []struct {
@@ -281,18 +282,9 @@ func TestMariaDBTLS(t *testing.T) {
 
 	base := "mysql://fenced_tls:" + url.QueryEscape(password) + "@127.0.0.1:" + strconv.Itoa(port) + "/fenced_tls"
 	good := target{t: t, url: base + "?" + url.Values{"tls_ca": {ca.File}}.Encode(), dir: t.TempDir()}
-	good.ok(nil, "epoch", "bump")
-	good.ok(nil, "provision", "tls ü/x")
-	l := good.acquire("tls ü/x", "1m")
-	if l.Epoch == l.Generation {
-		t.Fatal("epoch equals generation")
-	}
-	good.ok([]byte("a\x00b"), "publish", "tls ü/x", "--owner", l.Owner, "--token", l.Token, "--release")
+	good.roundTrip("tls ü/x")
 	withTrue := target{t: t, url: base + "?" + url.Values{"tls": {"true"}, "tls_ca": {ca.File}}.Encode(), dir: good.dir}
-	if got := withTrue.ok(nil, "get", "tls ü/x"); string(got) != "a\x00b" {
-		t.Fatalf("get over TLS: %q", got)
-	}
-	before := good.show("tls ü/x")
+	before := withTrue.roundTrip("tls ü/x")
 
 	addr := "127.0.0.1:" + strconv.Itoa(port)
 	for _, c := range []struct {
