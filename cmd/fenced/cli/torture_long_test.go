@@ -55,7 +55,9 @@ func TestTortureEveryBackend(t *testing.T) {
 		t.Run(b.name, func(t *testing.T) {
 			url, extra := b.db(t)
 			run := func(d time.Duration, args ...string) (int, string) {
-				args = append([]string{"torture", "--seed", "42", "--duration", d.String(), "--faults", b.faults, "--report", t.TempDir()}, append(extra, args...)...)
+				// Many workers on many resources: the throughput, with contention on each.
+				args = append([]string{"torture", "--seed", "42", "--duration", d.String(), "--faults", b.faults,
+					"--workers", "24", "--resources", "24", "--report", t.TempDir()}, append(extra, args...)...)
 				return tortureCmd(t, url, args...)
 			}
 			code, out := run(d)
