@@ -169,8 +169,8 @@ func faultPlan(scheme string, restartErr, restoreErr, partitionErr error, ownSto
 	case "mysql", "mariadb":
 		why[torture.FaultClock] = "not applicable to MariaDB: UTC_TIMESTAMP(6) is the server's system clock and has no offset to inject"
 	default:
-		why[torture.FaultClock] = "not implemented for " + scheme
-		why[torture.FaultRowLock] = "not implemented for " + scheme
+		why[torture.FaultClock] = "torture has no way to move its clock (not implemented for " + scheme + ")"
+		why[torture.FaultRowLock] = "torture has no way to hold one of its rows (not implemented for " + scheme + ")"
 	}
 	notApplicable = map[string]string{}
 	for _, f := range requested {
@@ -247,6 +247,21 @@ func restoreApplies(scheme string) error {
 	return fmt.Errorf("not implemented for %s: the restore fault copies SQL tables (SQLite, PostgreSQL, MariaDB) or Redis keys", scheme)
 }
 
+// engineLabel names the engine of a URL scheme for a message.
+func engineLabel(scheme string) string {
+	switch scheme {
+	case "sqlite":
+		return "SQLite"
+	case "postgres", "postgresql":
+		return "PostgreSQL"
+	case "mysql", "mariadb":
+		return "MariaDB"
+	case "redis", "rediss":
+		return "Redis"
+	}
+	return scheme
+}
+
 // backendName names the driver's engine for a message.
 func backendName(drv driver.Driver) string {
 	name := fmt.Sprintf("%T", drv) // *etcd.Driver
@@ -318,7 +333,9 @@ func (a *app) torture(cmd *cobra.Command, o tortureOptions) error {
 		// A fault named in --faults that cannot be injected here is refused, by name.
 		for _, f := range requested {
 			if why, ok := notApplicable[f]; ok {
-				return usagef("the %s fault does not apply here: %s", f, why)
+				label := engineLabel(scheme)
+				why = strings.TrimPrefix(why, "not applicable to "+label+": ")
+				return usagef("the %s fault does not apply to %s: %s", f, label, why)
 			}
 		}
 	}

@@ -55,7 +55,9 @@ func TestTortureEveryBackend(t *testing.T) {
 		t.Run(b.name, func(t *testing.T) {
 			url, extra := b.db(t)
 			run := func(d time.Duration, args ...string) (int, string) {
-				args = append([]string{"torture", "--seed", "42", "--duration", d.String(), "--faults", b.faults, "--report", t.TempDir()}, append(extra, args...)...)
+				// Many workers on many resources: the throughput, with contention on each.
+				args = append([]string{"torture", "--seed", "42", "--duration", d.String(), "--faults", b.faults,
+					"--workers", "24", "--resources", "24", "--report", t.TempDir()}, append(extra, args...)...)
 				return tortureCmd(t, url, args...)
 			}
 			code, out := run(d)
@@ -74,7 +76,10 @@ func TestTortureEveryBackend(t *testing.T) {
 			}
 			// The control's one fault is the restore (drop-reply is drawn by the workers, not
 			// planned), so that the plan surely holds one.
-			restoreOnly := append([]string{"--faults", "restore,drop-reply"}, "--restore-without-bump")
+			// It runs at 4 workers on 3 resources, where it was shown to find the danger: at 24
+			// on 24 (SQLite, seed 42, 15 s) its two restores produced no repeated token, which
+			// is not understood yet (see docs/TORTURE.md).
+			restoreOnly := []string{"--faults", "restore,drop-reply", "--restore-without-bump", "--workers", "4", "--resources", "3"}
 			code, out = run(15*time.Second, restoreOnly...)
 			line += " | restore without bump: " + summary(out, code)
 			if code != 7 {

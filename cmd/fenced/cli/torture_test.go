@@ -210,15 +210,37 @@ func TestTortureUsage(t *testing.T) {
 		{"--db", "etcd://127.0.0.1:1", "torture", "--unfenced", "--duration", "3s"},
 		{"--db", "etcd://127.0.0.1:1", "torture", "--faults", "restore"},
 		{"--db", "etcd://127.0.0.1:1", "torture", "--faults", "clock"},
+		{"torture", "--resources", "101"},
+		{"torture", "--workers", "many"},
+		{"torture", "--check-timeout", "-1s"},
+		{"torture", "--faults", "partition"},
+		{"torture", "--partition-dev", "lo"},
+		{"torture", "--restart-cmd", "true"},
+		{"torture", "--mutant", "bogus"},
+		{"torture", "--faults", "none", "--restore-without-bump"},
+		{"--db", "redis://127.0.0.1:1/0", "torture", "--partition-dev", "no-such-dev0"},
+		{"--db", "redis://127.0.0.1:1/0", "torture", "--faults", "restart"},
+		{"--db", "etcd://127.0.0.1", "torture", "--restart-cmd", "true"},
+		{"torture", "extra-argument"},
 	} {
 		r := runIn(t, dir, "", nil, args...)
 		if r.code != 2 || strings.Count(strings.TrimSpace(r.stderr), "\n") != 0 {
 			t.Errorf("fenced %s: exit %d, want 2 and one sentence (stderr %q)", strings.Join(args, " "), r.code, r.stderr)
 		}
 	}
+	// A fault that cannot be injected on the chosen engine is refused by the fault's name and
+	// the engine's.
 	for args, want := range map[string]string{
-		"torture --faults restart":       "the restart fault does not apply",
-		"torture --faults rowlock,pause": "the rowlock fault does not apply",
+		"torture --faults restart":                                        "the restart fault does not apply to SQLite",
+		"torture --faults rowlock,pause":                                  "the rowlock fault does not apply to SQLite",
+		"torture --faults partition":                                      "the partition fault does not apply to SQLite",
+		"--db postgres://127.0.0.1:1/x torture --faults clock":            "the clock fault does not apply to PostgreSQL",
+		"--db mysql://root@127.0.0.1:1/x torture --faults pause,clock":    "the clock fault does not apply to MariaDB",
+		"--db redis://127.0.0.1:1/0 torture --faults restart":             "the restart fault does not apply to Redis",
+		"--db redis://127.0.0.1:1/0 torture --faults rowlock":             "the rowlock fault does not apply to Redis",
+		"--db etcd://127.0.0.1:1 torture --faults restore":                "the restore fault does not apply to etcd",
+		"--db etcd://127.0.0.1:1 torture --faults clock":                  "the clock fault does not apply to etcd",
+		"--db redis://127.0.0.1:1/0 torture --partition-dev no-such-dev0": "no such network interface",
 	} {
 		if r := runIn(t, dir, "", nil, strings.Fields(args)...); !strings.Contains(r.stderr, want) {
 			t.Errorf("fenced %s: %q does not say %q", args, r.stderr, want)

@@ -231,19 +231,46 @@ func (c *checker) excerpt(involved []*Op) ([]int, int) {
 func (c *checker) linearizable(res string, ops []*Op, init state, timeout time.Duration, flagged bool) {
 	ir := c.res[InvLinearizable]
 	ir.Checked += len(ops)
-	m := model(init)
-	result, info := porcupine.CheckOperationsVerbose(m, porcupineOps(c.h, ops), timeout)
-	c.r.Linearizations[res] = info
-	switch result {
-	case porcupine.Ok:
-		return
-	case porcupine.Unknown:
+	pops := porcupineOps(c.h, ops)
+	gaveUp := func() {
 		if flagged {
 			ir.Note = addNote(ir.Note, fmt.Sprintf("not finished on %s within %s, where direct checks had already found violations", res, timeout))
 			return
 		}
 		c.r.Inconclusive = append(c.r.Inconclusive, res)
 		ir.Note = addNote(ir.Note, "timed out on "+res)
+	}
+	// The linear search first (search.go); porcupine, whose memo is exact but quadratic, only
+	// to confirm and explain a history the search found illegal.
+	sr := search(pops, []state{init}, time.Now().Add(timeout))
+	switch sr.verdict {
+	case linearizable:
+		return
+	case timedOut:
+		gaveUp()
+		return
+	}
+	// The search was exhaustive: porcupine gets a short budget, for its exact memo, its
+	// culprit and its visualization.
+	confirm := min(timeout, flaggedCheckTimeout)
+	result, info := porcupine.CheckOperationsVerbose(model(init), pops, confirm)
+	c.r.Linearizations[res] = info
+	switch result {
+	case porcupine.Ok:
+		// Only a collision of the search's 128-bit memo keys can lead here: porcupine found
+		// the order the search pruned.
+		ir.Note = addNote(ir.Note, "the linear search pruned an order porcupine found on "+res)
+		return
+	case porcupine.Unknown:
+		// The search was exhaustive: report its deepest point.
+		culprit := ops[0]
+		if sr.culprit >= 0 {
+			culprit = pops[sr.culprit].Metadata.(*Op)
+		}
+		c.violate(InvLinearizable, res, fmt.Sprintf(
+			"no order of the operations explains #%d %s → %s (%d of the %d operations on %s could be ordered before it; "+
+				"porcupine did not finish within %s, the linear search's verdict is shown)",
+			culprit.Index, culprit.Kind, culprit.Out, sr.depth, len(ops), res, confirm), culprit)
 		return
 	}
 	linearized := map[*Op]bool{}

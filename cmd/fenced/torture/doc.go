@@ -15,6 +15,8 @@
 //   - model.go and check.go: a nondeterministic porcupine model of one resource and direct
 //     checks of each invariant a history can show, with the smallest excerpt that shows a
 //     violation.
+//   - search.go: the linearizability search run on each resource first, linear in a passing
+//     history's length; porcupine confirms and explains a history it finds illegal.
 //   - report.go: the text and HTML reports.
 //
 // The package lives in the cmd/fenced module so that porcupine stays out of the core.

@@ -109,7 +109,7 @@ func (r *Report) WriteText(w io.Writer) {
 		sort.Strings(outs)
 		fmt.Fprintf(w, "  %-16s %s\n", k, strings.Join(outs, ", "))
 	}
-	fmt.Fprintf(w, "checker: %s (porcupine model per resource, then direct checks)\n", res.Duration.Round(time.Millisecond))
+	fmt.Fprintf(w, "checker: %s (direct checks, then the model per resource: a linear search, porcupine where it finds no order)\n", res.Duration.Round(time.Millisecond))
 	fmt.Fprintln(w, "invariants:")
 	for _, inv := range res.Invariants {
 		verdict := "ok      "

@@ -71,18 +71,22 @@ func RunWorker(ctx context.Context, cfg WorkerConfig, drv driver.Driver, rec *Re
 		ttl = ttl.Round(time.Millisecond)
 		lease, err := store.Acquire(ctx, res, ttl)
 		if err != nil {
-			sleep(ctx, time.Duration(5+rng.IntN(40))*time.Millisecond)
+			sleep(ctx, time.Duration(1+rng.IntN(10))*time.Millisecond)
 			continue
 		}
 		if !gateFence(ctx, cfg.Gate, rd, lease) {
 			_ = lease.Release(ctx)
 			continue
 		}
-		// The build: usually well inside the lease, sometimes past it (a slow build), and the
-		// nemesis aims its pauses here.
-		build := time.Duration(float64(ttl) * (0.1 + 0.5*rng.Float64()))
-		if rng.Float64() < 0.1 {
+		// The build: usually short (the workers spend their time on requests, not asleep),
+		// sometimes a good part of the lease, sometimes past it (a slow build: the stale
+		// writes the fence is for); the nemesis aims its pauses here.
+		build := time.Duration(float64(ttl) * 0.03 * rng.Float64())
+		switch x := rng.Float64(); {
+		case x < 0.06:
 			build = time.Duration(float64(ttl) * (1.1 + 0.5*rng.Float64()))
+		case x < 0.16:
+			build = time.Duration(float64(ttl) * (0.1 + 0.5*rng.Float64()))
 		}
 		renew := rng.Float64() < 0.2 || cfg.RenewAlways
 		together := cfg.Naive == nil && rng.Float64() < 0.5

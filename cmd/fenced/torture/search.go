@@ -1,0 +1,215 @@
+package torture
+
+import (
+	"hash/maphash"
+	"math/rand/v2"
+	"sort"
+	"time"
+
+	"github.com/anishathalye/porcupine"
+)
+
+// The linearizability search below is the same search as porcupine's (Wing and Gong's, with
+// Lowe's memo of (linearized set, state) pairs already explored), with one change that makes
+// it linear in the length of a passing history instead of quadratic: porcupine keys its memo
+// with a bitset of the whole history, cloned, hashed and compared at every step (O(n/64) per
+// step, O(n²/64) time and memory per resource), where this search keys it with two 64-bit
+// Zobrist hashes of the linearized set, updated in O(1) per step, combined with two hashes of
+// the state set.
+//
+// Why a hashed memo cannot hide a violation: the memo only prunes. A passing verdict is a
+// complete linearization that was found, step by step, with the model; it holds whatever the
+// memo did. A false memo hit (two different (set, state) pairs with the same 128 bits) could
+// only prune a branch that would have succeeded, i.e. make a linearizable history look
+// illegal; Check never reports that verdict on this search's word alone when porcupine can
+// decide: it then runs porcupine, whose memo is exact, for the verdict and the culprit.
+
+// verdict is the outcome of one resource's search.
+type verdict int
+
+const (
+	linearizable verdict = iota
+	illegal
+	timedOut
+)
+
+// searchResult is a search's verdict, and when illegal, the operation whose return the search
+// could not get past at its deepest (the first, in time, that no order explains), by index in
+// the operations searched.
+type searchResult struct {
+	verdict verdict
+	culprit int
+	depth   int // longest partial linearization, in operations
+	order   []int
+}
+
+// stateSet is one element of the powerset construction: the states the resource may be in,
+// without duplicates, with two order-independent hashes.
+type stateSet struct {
+	states []state
+	h1, h2 uint64
+}
+
+var (
+	seed1 = maphash.MakeSeed()
+	seed2 = maphash.MakeSeed()
+)
+
+func newStateSet(states []state) stateSet {
+	var s stateSet
+	for _, st := range states {
+		s.add(st)
+	}
+	return s
+}
+
+func (s *stateSet) add(st state) {
+	for _, have := range s.states {
+		if have == st {
+			return
+		}
+	}
+	s.states = append(s.states, st)
+	s.h1 += maphash.Comparable(seed1, st)
+	s.h2 += maphash.Comparable(seed2, st)
+}
+
+// stepSet applies one operation to every state of the set; false when no state allows it.
+func stepSet(s stateSet, in input, out output) (stateSet, bool) {
+	var next stateSet
+	for _, st := range s.states {
+		for _, n := range step(st, in, out) {
+			next.add(n.(state))
+		}
+	}
+	return next, len(next.states) > 0
+}
+
+// event is one call or return in the doubly linked list the search lifts operations out of.
+type event struct {
+	op         int
+	ret        bool
+	match      int // a call's return event
+	prev, next int // -1: none; event 0 is the head sentinel
+}
+
+// search decides whether ops (one resource's, as porcupineOps makes them) can be ordered so
+// that each takes effect between its call and its return and the model allows the sequence,
+// starting in one of init's states. It gives up at deadline.
+func search(ops []porcupine.Operation, init []state, deadline time.Time) searchResult {
+	n := len(ops)
+	type stamp struct {
+		op  int
+		ret bool
+		t   int64
+	}
+	stamps := make([]stamp, 0, 2*n)
+	for i, op := range ops {
+		stamps = append(stamps, stamp{i, false, op.Call}, stamp{i, true, op.Return})
+	}
+	sort.SliceStable(stamps, func(i, j int) bool {
+		if stamps[i].t != stamps[j].t {
+			return stamps[i].t < stamps[j].t
+		}
+		return !stamps[i].ret && stamps[j].ret // at the same instant, calls first: concurrent
+	})
+	ev := make([]event, 2*n+1)
+	ev[0] = event{op: -1, prev: -1, next: 1}
+	callOf := make([]int, n)
+	for k, s := range stamps {
+		e := k + 1
+		ev[e] = event{op: s.op, ret: s.ret, prev: e - 1, next: e + 1}
+		if !s.ret {
+			callOf[s.op] = e
+		} else {
+			ev[callOf[s.op]].match = e
+		}
+	}
+	ev[2*n].next = -1
+	if n == 0 {
+		ev[0].next = -1
+	}
+	lift := func(e int) {
+		ev[ev[e].prev].next = ev[e].next
+		ev[ev[e].next].prev = ev[e].prev
+		m := ev[e].match
+		ev[ev[m].prev].next = ev[m].next
+		if ev[m].next >= 0 {
+			ev[ev[m].next].prev = ev[m].prev
+		}
+	}
+	unlift := func(e int) {
+		m := ev[e].match
+		ev[ev[m].prev].next = m
+		if ev[m].next >= 0 {
+			ev[ev[m].next].prev = m
+		}
+		ev[ev[e].prev].next = e
+		ev[ev[e].next].prev = e
+	}
+	// Zobrist keys: each operation's pair of random words, XORed in while it is linearized.
+	rng := rand.New(rand.NewPCG(uint64(n), 0x5eed))
+	z1, z2 := make([]uint64, n), make([]uint64, n)
+	for i := range n {
+		z1[i], z2[i] = rng.Uint64(), rng.Uint64()
+	}
+	var lin1, lin2 uint64
+	type key struct{ a, b uint64 }
+	seen := make(map[key]struct{}, n)
+	type frame struct {
+		e     int
+		state stateSet
+	}
+	var calls []frame
+	st := newStateSet(init)
+	res := searchResult{verdict: linearizable, culprit: -1}
+	steps := 0
+	cur := ev[0].next
+	for ev[0].next >= 0 {
+		if steps++; steps&0xfff == 0 && time.Now().After(deadline) {
+			res.verdict = timedOut
+			return res
+		}
+		e := ev[cur]
+		if !e.ret {
+			op := ops[e.op]
+			next, ok := stepSet(st, op.Input.(input), op.Output.(output))
+			if ok {
+				k := key{lin1 ^ z1[e.op] ^ next.h1, lin2 ^ z2[e.op] ^ next.h2*0x9e3779b97f4a7c15}
+				if _, done := seen[k]; !done {
+					seen[k] = struct{}{}
+					lin1, lin2 = lin1^z1[e.op], lin2^z2[e.op]
+					calls = append(calls, frame{cur, st})
+					st = next
+					lift(cur)
+					cur = ev[0].next
+					continue
+				}
+			}
+			cur = e.next
+			continue
+		}
+		// A return whose call is still in the list: that operation must have taken effect
+		// already, and no choice made so far allows it. Undo the latest choice.
+		if len(calls) >= res.depth {
+			res.depth, res.culprit = len(calls), e.op
+		}
+		if len(calls) == 0 {
+			res.verdict = illegal
+			return res
+		}
+		top := calls[len(calls)-1]
+		calls = calls[:len(calls)-1]
+		cur, st = top.e, top.state
+		op := ev[cur].op
+		lin1, lin2 = lin1^z1[op], lin2^z2[op]
+		unlift(cur)
+		cur = ev[cur].next
+	}
+	res.depth = len(calls)
+	res.order = make([]int, len(calls))
+	for i, f := range calls {
+		res.order[i] = ev[f.e].op
+	}
+	return res
+}
