@@ -140,10 +140,15 @@ func setEpochWith(admin *Driver) func(ctx context.Context, epoch int64) error {
 	}
 }
 
+// expireWith runs at read committed whatever the target's default isolation: a test may expire a
+// lease while its holder renews it, and a serializable UPDATE would then fail with 40001 where
+// the test means the expiry to win after the renewal's commit.
 func expireWith(admin *Driver) func(ctx context.Context, resource string) error {
 	return func(ctx context.Context, resource string) error {
-		_, err := admin.Pool().Exec(ctx, sqlExpire, resource)
-		return err
+		return pgx.BeginTxFunc(ctx, admin.Pool(), pgx.TxOptions{IsoLevel: pgx.ReadCommitted}, func(tx pgx.Tx) error {
+			_, err := tx.Exec(ctx, sqlExpire, resource)
+			return err
+		})
 	}
 }
 

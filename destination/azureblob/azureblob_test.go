@@ -223,8 +223,8 @@ func TestLeasedSameTokenAnotherOwner(t *testing.T) {
 	if err := l.Fence(ctx, res, tok(3, 3)); !errors.Is(err, azureblob.ErrNeedsOwner) {
 		t.Fatalf("Fence without the owner: %v", err)
 	}
-	if err := l.FenceOwner(ctx, res, "bad owner", tok(3, 3)); !errors.Is(err, fenced.ErrInvalid) {
-		t.Fatalf("an owner with a space: %v", err)
+	if err := l.FenceOwner(ctx, res, "bad\towner", tok(3, 3)); !errors.Is(err, fenced.ErrInvalid) {
+		t.Fatalf("an owner with a control character: %v", err)
 	}
 }
 
