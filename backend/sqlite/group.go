@@ -53,7 +53,11 @@ type writeOp struct {
 	ctx context.Context
 	// run executes the operation's statements through q, on the group's connection, and keeps
 	// its result in the closure. It must not commit or roll back; it may run more than once.
-	run  func(ctx context.Context, q querier) error
+	run func(ctx context.Context, q querier) error
+	// ok, when set, is where run records whether the destination granted the operation: a
+	// caller refused (busy, not the holder) is not counted among the callers the gathering
+	// window waits for, since it does not come back at once (gather).
+	ok   *bool
 	err  error
 	done chan struct{}
 }
@@ -96,6 +100,9 @@ type writer struct {
 	// negative turns gathering off (the mutation that TestGatherWokenCallers must catch).
 	gathering, stopped func()
 	gatherLimit        time.Duration
+	// gatherRefused counts refused callers among those the window waits for: the mutation
+	// that TestGatherGrantedOnly must catch.
+	gatherRefused bool
 
 	// The gathering window (gather): arrived counts the operations ever queued; a commit
 	// records how many it woke (woke), the count at that moment (wokeAt) and how long it took;
@@ -110,10 +117,16 @@ type writer struct {
 // exactly when the operation certainly did not take effect. Waiting is cut short by ctx as long as the writer
 // has not taken the operation; the result is then not applied, since nothing was sent.
 func (d *Driver) exec(ctx context.Context, run func(ctx context.Context, q querier) error) error {
+	return d.execOK(ctx, nil, run)
+}
+
+// execOK is exec for an operation the destination may refuse: run stores in *ok whether it
+// was granted (gather).
+func (d *Driver) execOK(ctx context.Context, ok *bool, run func(ctx context.Context, q querier) error) error {
 	if err := ctx.Err(); err != nil {
 		return driver.NotApplied(err)
 	}
-	op := &writeOp{ctx: ctx, run: run, done: make(chan struct{})}
+	op := &writeOp{ctx: ctx, run: run, ok: ok, done: make(chan struct{})}
 	w := &d.w
 	w.mu.Lock()
 	w.queue = append(w.queue, op)
@@ -184,7 +197,8 @@ func (d *Driver) drain() {
 // BenchmarkGroupCommitTurns, ops/commit). It waits only after a commit that woke several
 // callers, so a lone caller, whose group is its own, never waits; an operation that arrives
 // meanwhile waits at most half a commit (and never more than maxGather) before its group
-// starts. TestGatherWokenCallers forces the schedule.
+// starts. Only callers whose operation was granted count (returning): a refused one is not
+// back soon. TestGatherWokenCallers and TestGatherGrantedOnly force the schedules.
 func (d *Driver) gather() {
 	w := &d.w
 	w.mu.Lock()
@@ -219,6 +233,26 @@ func (d *Driver) gather() {
 	w.mu.Lock()
 	w.full = nil
 	w.mu.Unlock()
+}
+
+// returning counts the callers of a committed group that the gathering window waits for:
+// those whose operation succeeded and was granted. A refused caller (an acquisition of a
+// resource someone holds, a renewal or publication by a lease that lost its hold) does not
+// queue its next operation at once: the driver first reads the row that refused it, and the
+// caller then backs off or gives up. Waiting for such callers was the window's cost on a hot
+// resource (16 callers retrying one resource, nearly every attempt refused: five times the
+// time per attempt), for nothing. Called with w.mu held.
+func (w *writer) returning(group []*writeOp, err error) int {
+	if err != nil {
+		return 0
+	}
+	n := 0
+	for _, op := range group {
+		if op.err == nil && (op.ok == nil || *op.ok || w.gatherRefused) {
+			n++
+		}
+	}
+	return n
 }
 
 // maxGather bounds the gathering window whatever a commit took (a slow disk, a paused process).
@@ -364,7 +398,7 @@ func (d *Driver) commitGroup(group []*writeOp, savepoints, noRedo, noRollbackTo 
 	}
 	d.w.hookCommitted(len(live), err)
 	d.w.mu.Lock()
-	d.w.wokeAt, d.w.woke, d.w.took = d.w.arrived, len(live), time.Since(start)
+	d.w.wokeAt, d.w.woke, d.w.took = d.w.arrived, d.w.returning(live, err), time.Since(start)
 	d.w.mu.Unlock()
 	for _, op := range live {
 		if err != nil && op.err == nil {

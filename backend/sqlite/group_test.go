@@ -379,3 +379,74 @@ func TestGatherWokenCallers(t *testing.T) {
 		})
 	}
 }
+
+// TestGatherGrantedOnly: the gathering window waits only for callers whose operation was
+// granted. Four acquisitions of one resource share a group (the barrier): one is granted, three
+// are refused. A refused caller does not come back at once, so the writer must not go on to
+// wait for four operations: once every caller has its answer, no writer runs. The mutant that
+// counts the refused callers keeps a writer waiting (in the test, a minute; in production, up
+// to maxGather after every commit on a hot resource); the test then fills its window with four
+// empty operations so that it ends.
+func TestGatherGrantedOnly(t *testing.T) {
+	const m = 4
+	for _, mutant := range []bool{false, true} {
+		t.Run(fmt.Sprintf("mutant=%v", mutant), func(t *testing.T) {
+			ctx := context.Background()
+			const hot = "hot\x00 ресурс"
+			d := groupDriver(t, hot)
+			commits := holdWriter(d, m)
+			setHooks(d, func(w *writer) {
+				w.gatherLimit = time.Minute // a window ends only when its callers are back
+				w.gatherRefused = mutant
+			})
+			var (
+				wg              sync.WaitGroup
+				granted, busy   atomic.Int32
+				errMu           sync.Mutex
+				unexpectedError error
+			)
+			for i := range m {
+				wg.Go(func() {
+					_, err := d.Acquire(ctx, hot, fmt.Sprintf("rival %d", i), time.Minute)
+					switch {
+					case err == nil:
+						granted.Add(1)
+					case errors.As(err, new(*driver.BusyError)):
+						busy.Add(1)
+					default:
+						errMu.Lock()
+						unexpectedError = err
+						errMu.Unlock()
+					}
+				})
+			}
+			wg.Wait()
+			if unexpectedError != nil {
+				t.Fatal(unexpectedError)
+			}
+			if granted.Load() != 1 || busy.Load() != m-1 || fmt.Sprint(commits()) != fmt.Sprint([]int{m}) {
+				t.Fatalf("granted %d, busy %d, transactions %v; want 1, %d, [%d]", granted.Load(), busy.Load(), commits(), m-1, m)
+			}
+			// Every caller has its answer, and the lead caller decided before it returned
+			// whether a writer goes on.
+			d.w.mu.Lock()
+			waiting := d.w.running
+			d.w.mu.Unlock()
+			if waiting != mutant {
+				t.Fatalf("mutant=%v: a writer goes on after the group: %v", mutant, waiting)
+			}
+			if !waiting {
+				return
+			}
+			setHooks(d, func(w *writer) { w.gatherLimit = -1 }) // no window after this one
+			for range m {
+				wg.Go(func() {
+					if err := d.exec(ctx, func(context.Context, querier) error { return nil }); err != nil {
+						t.Error(err)
+					}
+				})
+			}
+			wg.Wait()
+		})
+	}
+}

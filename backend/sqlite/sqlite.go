@@ -269,7 +269,7 @@ func (d *Driver) Acquire(ctx context.Context, resource, owner string, ttl time.D
 		epoch, gen, until int64
 		ok                bool
 	)
-	err := d.exec(ctx, func(ctx context.Context, conn querier) (err error) {
+	err := d.execOK(ctx, &ok, func(ctx context.Context, conn querier) (err error) {
 		ok, err = queryOne(ctx, conn, d.q(sqlAcquire), []any{resource, owner, ttl.Microseconds()}, &epoch, &gen, &until)
 		return err
 	})
@@ -298,7 +298,7 @@ func (d *Driver) Renew(ctx context.Context, l driver.LeaseRef, ttl time.Duration
 		until int64
 		ok    bool
 	)
-	err := d.exec(ctx, func(ctx context.Context, conn querier) (err error) {
+	err := d.execOK(ctx, &ok, func(ctx context.Context, conn querier) (err error) {
 		ok, err = queryOne(ctx, conn, d.q(sqlRenew), []any{l.Resource, l.Owner, l.Generation, l.Epoch, ttl.Microseconds()}, &until)
 		return err
 	})
@@ -321,7 +321,7 @@ func (d *Driver) PublishAndRelease(ctx context.Context, l driver.LeaseRef, pub d
 func (d *Driver) publish(ctx context.Context, query string, l driver.LeaseRef, pub driver.Publication) (bool, error) {
 	args := []any{l.Resource, l.Owner, l.Generation, l.Epoch, nonNil(pub.Payload), pub.SourceVersion, pub.OpID}
 	var ok bool
-	err := d.exec(ctx, func(ctx context.Context, conn querier) error {
+	err := d.execOK(ctx, &ok, func(ctx context.Context, conn querier) error {
 		ok = false
 		res, err := conn.ExecContext(ctx, d.q(query), args...)
 		if err != nil {
@@ -345,7 +345,7 @@ func (d *Driver) publish(ctx context.Context, query string, l driver.LeaseRef, p
 
 func (d *Driver) Release(ctx context.Context, l driver.LeaseRef) (bool, error) {
 	var ok bool
-	err := d.exec(ctx, func(ctx context.Context, conn querier) (err error) {
+	err := d.execOK(ctx, &ok, func(ctx context.Context, conn querier) (err error) {
 		ok, err = execOne(ctx, conn, d.q(sqlRelease), l.Resource, l.Owner, l.Generation, l.Epoch)
 		return err
 	})
