@@ -239,9 +239,10 @@ func (d *Driver) gather() {
 // those whose operation succeeded and was granted. A refused caller (an acquisition of a
 // resource someone holds, a renewal or publication by a lease that lost its hold) does not
 // queue its next operation at once: the driver first reads the row that refused it, and the
-// caller then backs off or gives up. Waiting for such callers was the window's cost on a hot
-// resource (16 callers retrying one resource, nearly every attempt refused: five times the
-// time per attempt), for nothing. Called with w.mu held.
+// caller then backs off or gives up. Waiting for such callers would hold the writer after
+// nearly every commit on a hot resource (callers retrying one resource, almost every attempt
+// refused) until the window's timer, for operations that mostly do not come
+// (TestGatherGrantedOnly). Called with w.mu held.
 func (w *writer) returning(group []*writeOp, err error) int {
 	if err != nil {
 		return 0
