@@ -172,9 +172,9 @@ IF DATABASE_PRINCIPAL_ID(@role) IS NULL
 	}
 	b.WriteString("DENY ALTER ON SCHEMA::" + quoteName(schema) + " TO " + r + ";\n")
 	// Re-granting replaces the prefixes: those the new grant does not list are gone.
-	b.WriteString("DELETE FROM " + s.table["fenced_grants"] + " WHERE role = @role;")
+	b.WriteString("DELETE FROM " + s.table["fenced_grants"] + " WHERE role_name = @role;")
 	for i := range prefixes {
-		fmt.Fprintf(&b, "\nINSERT INTO %s (role, prefix) VALUES (@role, @prefix%d);", s.table["fenced_grants"], i)
+		fmt.Fprintf(&b, "\nINSERT INTO %s (role_name, prefix) VALUES (@role, @prefix%d);", s.table["fenced_grants"], i)
 	}
 	return b.String()
 }

@@ -66,9 +66,9 @@ func TestGrantWritesPrefixesInItsTransaction(t *testing.T) {
 	}
 	table := "[app_locks].[fenced_grants]"
 	tail := "DENY ALTER ON SCHEMA::[app_locks] TO [fenced_app];\n" +
-		"DELETE FROM " + table + " WHERE role = @role;\n" +
-		"INSERT INTO " + table + " (role, prefix) VALUES (@role, @prefix0);\n" +
-		"INSERT INTO " + table + " (role, prefix) VALUES (@role, @prefix1);"
+		"DELETE FROM " + table + " WHERE role_name = @role;\n" +
+		"INSERT INTO " + table + " (role_name, prefix) VALUES (@role, @prefix0);\n" +
+		"INSERT INTO " + table + " (role_name, prefix) VALUES (@role, @prefix1);"
 	batch := grantBatch(d.sql, "app_locks", "fenced_app", driver.AccessWorker, 2)
 	if !strings.HasSuffix(batch, tail) || !strings.HasPrefix(batch, "SET XACT_ABORT ON;") {
 		t.Errorf("batch:\n%s", batch)
@@ -165,7 +165,7 @@ func TestEveryResourceProcedureChecksPrefixes(t *testing.T) {
 		}
 	}
 	for _, w := range []string{
-		"FROM [app].[fenced_grants] WHERE IS_MEMBER(role) = 1",
+		"FROM [app].[fenced_grants] WHERE IS_MEMBER(role_name) = 1",
 		"IS_MEMBER(N'db_owner') = 0",
 		"DATALENGTH(@resource) >= DATALENGTH(prefix)",
 		"SUBSTRING(CAST(@resource AS VARBINARY(8000)), 1, DATALENGTH(prefix)) = CAST(prefix AS VARBINARY(510))",
@@ -188,8 +188,8 @@ func TestEveryResourceProcedureChecksPrefixes(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, w := range []string{"CREATE TABLE [app].[fenced_grants]", "prefix NVARCHAR(255) COLLATE Latin1_General_100_BIN2 NOT NULL",
-		"PRIMARY KEY (role, prefix)"} {
+	for _, w := range []string{"CREATE TABLE [app].[fenced_grants]", "prefix    NVARCHAR(255) COLLATE Latin1_General_100_BIN2 NOT NULL",
+		"PRIMARY KEY (role_name, prefix)"} {
 		if !strings.Contains(s.names.Replace(string(body)), w) {
 			t.Errorf("migration 4 lacks %q", w)
 		}

@@ -148,8 +148,8 @@ const incarnationOK = incarnationVisible + `IF NOT EXISTS (SELECT 1 FROM {meta} 
 // long (LEN would not count the prefix's trailing spaces, and VARBINARY comparison pads the
 // shorter value with zeros).
 const prefixCheck = `IF IS_MEMBER(N'db_owner') = 0
-    AND EXISTS (SELECT 1 FROM {grants} WHERE IS_MEMBER(role) = 1)
-    AND NOT EXISTS (SELECT 1 FROM {grants} WHERE IS_MEMBER(role) = 1
+    AND EXISTS (SELECT 1 FROM {grants} WHERE IS_MEMBER(role_name) = 1)
+    AND NOT EXISTS (SELECT 1 FROM {grants} WHERE IS_MEMBER(role_name) = 1
         AND DATALENGTH(@resource) >= DATALENGTH(prefix)
         AND SUBSTRING(CAST(@resource AS VARBINARY(8000)), 1, DATALENGTH(prefix)) = CAST(prefix AS VARBINARY(510)))
 BEGIN

@@ -302,7 +302,7 @@ func TestGrantedRolePrefixes(t *testing.T) {
 	if e, ok := sqlError(err); !ok || e.Number != errOutsidePrefixes {
 		t.Errorf("direct EXEC outside the prefixes: %v", err)
 	}
-	_, err = d.DB().ExecContext(ctx, "INSERT INTO "+q+".[fenced_grants] (role, prefix) VALUES (@role, N'')", sql.Named("role", role))
+	_, err = d.DB().ExecContext(ctx, "INSERT INTO "+q+".[fenced_grants] (role_name, prefix) VALUES (@role, N'')", sql.Named("role", role))
 	if e, ok := sqlError(err); !ok || e.Number != errPermissionDenied {
 		t.Errorf("the role writes fenced_grants: %v", err)
 	}
