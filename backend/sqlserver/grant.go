@@ -6,7 +6,9 @@ import (
 	"errors"
 	"fmt"
 	"regexp"
+	"slices"
 	"strings"
+	"unicode/utf16"
 
 	"github.com/fenced-dev/fenced/driver"
 )
@@ -58,20 +60,27 @@ var ErrGrantInDBO = errors.New("refusing to restrict a role on schema dbo, which
 // (VIEW ANY DATABASE, which public holds unless it was revoked): the incarnation check reads it
 // with the caller's permissions, which ownership chaining does not extend.
 //
+// spec.Prefixes limits the role to resource names that begin with one of them: Grant replaces
+// the role's rows in fenced_grants (prefixRows; none given: the empty prefix, every resource),
+// which the procedures that take a resource check (prefixCheck in sql.go), and which the role,
+// like every fenced table, may not change. A user that is a member of several granted roles
+// may use the prefixes of all of them.
+//
 // Grant refuses schema dbo (ErrGrantInDBO). Everything runs in one transaction: it is all
 // installed, or none of it.
 func (d *Driver) Grant(ctx context.Context, role string, spec driver.GrantSpec) (err error) {
 	if d.refused != nil {
 		return d.refused
 	}
-	if len(spec.Prefixes) > 0 {
-		return fmt.Errorf("grant %s: prefixes are not supported on SQL Server yet; grant without --prefix", role)
-	}
 	if !roleName.MatchString(role) {
 		return fmt.Errorf("grant: role %q is not a plain identifier (letters, digits, underscores)", role)
 	}
 	if strings.EqualFold(d.schema, "dbo") {
 		return fmt.Errorf("grant %s: %w", role, ErrGrantInDBO)
+	}
+	prefixes, err := prefixRows(spec.Prefixes)
+	if err != nil {
+		return fmt.Errorf("grant %s: %w", role, err)
 	}
 	tx, err := d.db.BeginTx(ctx, nil)
 	if err != nil {
@@ -85,7 +94,11 @@ func (d *Driver) Grant(ctx context.Context, role string, spec driver.GrantSpec) 
 	if err := d.installProcedures(ctx, tx); err != nil {
 		return err
 	}
-	if _, err := tx.ExecContext(ctx, grantBatch(d.sql, d.schema, role, spec.Access), sql.Named("role", role)); err != nil {
+	args := []any{sql.Named("role", role)}
+	for i, p := range prefixes {
+		args = append(args, sql.Named(fmt.Sprintf("prefix%d", i), p))
+	}
+	if _, err := tx.ExecContext(ctx, grantBatch(d.sql, d.schema, role, spec.Access, len(prefixes)), args...); err != nil {
 		return translate("grant to "+role, err)
 	}
 	if err := tx.Commit(); err != nil {
@@ -94,9 +107,48 @@ func (d *Driver) Grant(ctx context.Context, role string, spec driver.GrantSpec) 
 	return nil
 }
 
-// grantBatch is the batch that creates role if needed and sets its permissions. Identifiers
-// are bracket-quoted (quoteName); @role is a parameter wherever T-SQL allows one.
-func grantBatch(s statements, schema, role string, level driver.Access) string {
+// maxPrefixes bounds the prefixes of one grant: each is a parameter of the grant batch, and a
+// request carries at most 2,100.
+const maxPrefixes = 1000
+
+// prefixRows is what Grant writes to fenced_grants for the prefixes asked for: the empty
+// prefix (every resource) when none were, otherwise each prefix exactly as given (%, _, [ and
+// spaces are ordinary characters: the procedures compare bytes, see prefixCheck), without
+// duplicates and without those that another prefix in the list begins (they allow nothing
+// more). Dropping those also keeps the primary key, which like every = on NVARCHAR ignores
+// trailing spaces, from seeing "a" and "a " as one key: one begins the other. A prefix longer
+// than a resource name can be (255 UTF-16 code units) is refused, as it could match nothing.
+func prefixRows(prefixes []string) ([]string, error) {
+	if len(prefixes) == 0 {
+		return []string{""}, nil
+	}
+	if len(prefixes) > maxPrefixes {
+		return nil, fmt.Errorf("record prefixes: %d prefixes given, at most %d are accepted", len(prefixes), maxPrefixes)
+	}
+	sorted := slices.Clone(prefixes)
+	slices.Sort(sorted) // a prefix sorts before every string it begins, and those follow it together
+	var rows []string
+	for _, p := range sorted {
+		if n := len(utf16.Encode([]rune(p))); n > resourceMax {
+			return nil, fmt.Errorf("record prefixes: prefix %q is %d UTF-16 code units long, longer than a resource name can be (%d)", p, n, resourceMax)
+		}
+		if len(rows) > 0 && strings.HasPrefix(p, rows[len(rows)-1]) {
+			continue // covered by the last one kept, or equal to it
+		}
+		rows = append(rows, p)
+	}
+	return rows, nil
+}
+
+// resourceMax is the width of fenced_resources.resource and of fenced_grants.prefix.
+const resourceMax = 255
+
+// grantBatch is the batch that creates role if needed, sets its permissions and replaces its
+// rows in fenced_grants with the prefixes passed as @prefix0 ... @prefix<n-1> (prefixRows).
+// Identifiers are bracket-quoted (quoteName); @role is a parameter wherever T-SQL allows one.
+// Grant runs it inside its transaction with XACT_ABORT ON: an error anywhere leaves the role's
+// rights and prefixes as they were.
+func grantBatch(s statements, schema, role string, level driver.Access, prefixes int) string {
 	r := quoteName(role)
 	var b strings.Builder
 	b.WriteString(`SET XACT_ABORT ON;
@@ -118,6 +170,11 @@ IF DATABASE_PRINCIPAL_ID(@role) IS NULL
 	for _, t := range tables {
 		b.WriteString("DENY INSERT, UPDATE, DELETE ON OBJECT::" + s.table[t.name] + " TO " + r + ";\n")
 	}
-	b.WriteString("DENY ALTER ON SCHEMA::" + quoteName(schema) + " TO " + r + ";")
+	b.WriteString("DENY ALTER ON SCHEMA::" + quoteName(schema) + " TO " + r + ";\n")
+	// Re-granting replaces the prefixes: those the new grant does not list are gone.
+	b.WriteString("DELETE FROM " + s.table["fenced_grants"] + " WHERE role_name = @role;")
+	for i := range prefixes {
+		fmt.Fprintf(&b, "\nINSERT INTO %s (role_name, prefix) VALUES (@role, @prefix%d);", s.table["fenced_grants"], i)
+	}
 	return b.String()
 }

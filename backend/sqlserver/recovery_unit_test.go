@@ -373,8 +373,11 @@ DENY INSERT, UPDATE, DELETE ON OBJECT::[app_locks].[fenced_resources] TO [fenced
 DENY INSERT, UPDATE, DELETE ON OBJECT::[app_locks].[fenced_meta] TO [fenced_app];
 DENY INSERT, UPDATE, DELETE ON OBJECT::[app_locks].[fenced_operations] TO [fenced_app];
 DENY INSERT, UPDATE, DELETE ON OBJECT::[app_locks].[fenced_schema_migrations] TO [fenced_app];
-DENY ALTER ON SCHEMA::[app_locks] TO [fenced_app];`
-	wantCall(t, calls[numOps+1], "exec", want, arg{"role", "fenced_app"})
+DENY INSERT, UPDATE, DELETE ON OBJECT::[app_locks].[fenced_grants] TO [fenced_app];
+DENY ALTER ON SCHEMA::[app_locks] TO [fenced_app];
+DELETE FROM [app_locks].[fenced_grants] WHERE role_name = @role;
+INSERT INTO [app_locks].[fenced_grants] (role_name, prefix) VALUES (@role, @prefix0);`
+	wantCall(t, calls[numOps+1], "exec", want, arg{"role", "fenced_app"}, arg{"prefix0", ""})
 	wantCall(t, calls[numOps+2], "commit", "")
 
 	// A failure rolls everything back.

@@ -98,6 +98,7 @@ const (
 const (
 	errIncarnationChanged = 51801 // the recorded incarnation is not the database's
 	errIncarnationHidden  = 51802 // this login cannot read sys.database_recovery_status
+	errOutsidePrefixes    = 51803 // the resource is outside the caller's prefixes (prefixCheck)
 )
 
 // incarnationVisible fails (51802) when the login cannot see its database's incarnation, so
@@ -114,6 +115,63 @@ const incarnationOK = incarnationVisible + `IF NOT EXISTS (SELECT 1 FROM {meta} 
     AND recovery_fork_guid = ` + serverForkGUID + ` AND database_guid = ` + serverDBGUID + `)
     THROW 51801, N'fenced: the database was restored since the last epoch bump; bump the epoch', 1;
 `
+
+// prefixCheck follows the session settings of every procedure that takes a resource
+// (withPrefixCheck): it fails (51803) before anything is read or locked when the caller is
+// limited to prefixes (fenced grant --prefix) and the resource begins with none of them.
+//
+// Who the caller is: the procedures have no EXECUTE AS clause, so they run as CALLER, the
+// default for procedures: the statements inside execute in the security context of the
+// database user who called the procedure, and ownership chaining only skips the permission
+// checks on the tables they reference
+// (https://learn.microsoft.com/sql/t-sql/statements/execute-as-clause-transact-sql). IS_MEMBER
+// therefore answers for the caller, role membership included (nested roles and Windows or
+// Entra groups too) (https://learn.microsoft.com/sql/t-sql/functions/is-member-transact-sql).
+// Were the procedures ever given EXECUTE AS OWNER, IS_MEMBER and USER_NAME() would answer for
+// the owner and this check would have to change (ORIGINAL_LOGIN() names the login, not the
+// database roles). Nothing the caller's session can set is consulted: not CONTEXT_INFO, not
+// SESSION_CONTEXT, not a temporary table (the table name is schema-qualified, which a #table
+// cannot shadow). Switching to another user takes EXECUTE AS USER, which needs IMPERSONATE on
+// that user: a caller that holds it has that user's rights anyway.
+//
+// The rule, the same as on PostgreSQL and MariaDB: a caller that is a member of no role with
+// rows in fenced_grants (the tables' owner; a role granted before prefixes existed on SQL
+// Server, which was unlimited) is not checked; otherwise the resource must begin with a prefix
+// of one of its roles (the empty prefix, which Grant writes for a role granted without
+// --prefix, begins every name). Members of db_owner are not checked: the DENYs do not bind
+// them, they could change the tables directly.
+//
+// The match compares bytes, never LIKE (which would read %, _ and [ in a prefix as
+// wildcards) and never = on the strings (which ignores trailing spaces, so that 'a' would
+// equal 'a ', and follows the collation's case rules): the UTF-16 bytes of the resource's
+// first DATALENGTH(prefix) bytes against the prefix's bytes, with the resource at least as
+// long (LEN would not count the prefix's trailing spaces, and VARBINARY comparison pads the
+// shorter value with zeros).
+const prefixCheck = `IF IS_MEMBER(N'db_owner') = 0
+    AND EXISTS (SELECT 1 FROM {grants} WHERE IS_MEMBER(role_name) = 1)
+    AND NOT EXISTS (SELECT 1 FROM {grants} WHERE IS_MEMBER(role_name) = 1
+        AND DATALENGTH(@resource) >= DATALENGTH(prefix)
+        AND SUBSTRING(CAST(@resource AS VARBINARY(8000)), 1, DATALENGTH(prefix)) = CAST(prefix AS VARBINARY(510)))
+BEGIN
+    DECLARE @outside NVARCHAR(2048) = CONCAT(N'fenced: role ', USER_NAME(), N' may not use resource ', @resource,
+        N': it is outside the prefixes the role was granted');
+    THROW 51803, @outside, 1;
+END;
+`
+
+// withPrefixCheck puts prefixCheck into a resource operation's batch right after the session
+// settings (autocommit, and writes where the batch has it), so that its reads open no implicit
+// transaction and no ROWCOUNT applies to them.
+func withPrefixCheck(text string) string {
+	head := autocommit
+	if strings.HasPrefix(text, autocommit+writes) {
+		head = autocommit + writes
+	}
+	if !strings.HasPrefix(text, head) {
+		panic("sqlserver: a resource operation's batch does not begin with the session settings")
+	}
+	return head + prefixCheck + text[len(head):]
+}
 
 // leaseMatches is the condition every lease-carrying statement shares.
 const leaseMatches = `resource = @resource AND lease_owner = @owner AND generation = @generation AND epoch = @epoch`
@@ -376,6 +434,10 @@ const (
 	pPublish  = pLease + ", @payload VARBINARY(MAX), @source_version BIGINT, @op_id NVARCHAR(4000)"
 )
 
+// takesResource reports whether the operation names a resource: its procedure checks the
+// caller's prefixes (prefixCheck).
+func (rt routine) takesResource() bool { return strings.HasPrefix(rt.params, pResource) }
+
 // routines is the one place that pairs each operation with its SQL: Migrate installs text as
 // the body of the operation's procedure, and the driver calls that procedure.
 var routines = [numOps]routine{
@@ -415,6 +477,7 @@ var tables = []struct{ placeholder, name string }{
 	{"{meta}", "fenced_meta"},
 	{"{operations}", "fenced_operations"},
 	{"{migrations}", "fenced_schema_migrations"},
+	{"{grants}", "fenced_grants"},
 }
 
 // statements are one driver's statements with its schema's table names filled in.
@@ -449,7 +512,11 @@ func newStatements(schema string) statements {
 	r := strings.NewReplacer(pairs...)
 	var list []string
 	for o, rt := range routines {
-		s.text[o] = r.Replace(rt.text)
+		text := rt.text
+		if rt.takesResource() {
+			text = withPrefixCheck(text)
+		}
+		s.text[o] = r.Replace(text)
 		s.procedure[o] = q + quoteName(rt.procedure)
 		s.create[o], s.fingerprint[o] = createProcedure(s.procedure[o], rt.params, s.text[o])
 		// The names are validated identifiers and the fingerprints hex: nothing to escape

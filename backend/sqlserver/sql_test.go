@@ -139,10 +139,11 @@ func TestStatementsHoldTheProtocolConditions(t *testing.T) {
 		if strings.Contains(text, "BEGIN TRANSACTION;") && !strings.HasSuffix(text, "COMMIT TRANSACTION;") {
 			t.Errorf("%s: BEGIN TRANSACTION without a final COMMIT:\n%s", routines[o].procedure, text)
 		}
-		// The incarnation is checked by exactly the lease-carrying operations, first.
+		// The incarnation is checked by exactly the lease-carrying operations, first after
+		// the caller's prefixes (TestEveryResourceProcedureChecksPrefixes).
 		carriesLease := op(o) == opAcquire || op(o) == opRenew || op(o) == opPublish ||
 			op(o) == opPublishAndRelease || op(o) == opRelease
-		if checked := strings.HasPrefix(text, autocommit+writes+incarnationVisible+"IF NOT EXISTS (SELECT 1 FROM [dbo].[fenced_meta]"); checked != carriesLease {
+		if checked := strings.HasPrefix(text, autocommit+writes+s.names.Replace(prefixCheck)+incarnationVisible+"IF NOT EXISTS (SELECT 1 FROM [dbo].[fenced_meta]"); checked != carriesLease {
 			t.Errorf("%s: incarnation checked first %v, want %v", routines[o].procedure, checked, carriesLease)
 		}
 	}

@@ -661,7 +661,7 @@ func mutate[T any](ctx context.Context, d *Driver, what string, o op, args []any
 	case err == nil:
 		return out, nil
 	case isPermissionDenied(err):
-		return nil, d.denied(ctx, o, err)
+		return nil, d.denied(ctx, o, args, err)
 	case o == opPrune:
 		return nil, translatePartial(what, err)
 	}
@@ -672,9 +672,11 @@ func mutate[T any](ctx context.Context, d *Driver, what string, o op, args []any
 // granted (229, "The EXECUTE permission was denied on the object").
 const errPermissionDenied = 229
 
+// isPermissionDenied reports a refusal for lack of rights: a procedure the role was not
+// granted (229) or a resource outside its prefixes (errOutsidePrefixes, prefixCheck's THROW).
 func isPermissionDenied(err error) bool {
 	e, ok := sqlError(err)
-	return ok && e.Number == errPermissionDenied
+	return ok && (e.Number == errPermissionDenied || e.Number == errOutsidePrefixes)
 }
 
 // opWords names each operation in a refusal for lack of rights.
@@ -686,10 +688,14 @@ var opWords = [numOps]string{
 }
 
 // denied is the refusal of o to the database user this driver logs in as, which it reads with
-// one more query (on this error only). The refusal came before the procedure ran: nothing
-// changed.
-func (d *Driver) denied(ctx context.Context, o op, err error) error {
+// one more query (on this error only). The refusal came before the procedure changed
+// anything: 229 before it ran, 51803 before its first read of a table. For a prefix refusal
+// the resource is taken from the call's arguments.
+func (d *Driver) denied(ctx context.Context, o op, args []any, err error) error {
 	pe := &driver.PermissionError{Role: "(unknown)", Operation: opWords[o], Err: err}
+	if e, ok := sqlError(err); ok && e.Number == errOutsidePrefixes {
+		pe.Resource = namedString(args, "resource")
+	}
 	var user sql.NullString
 	if qerr := d.db.QueryRowContext(ctx, `SELECT USER_NAME()`).Scan(&user); qerr == nil && user.Valid {
 		pe.Role = user.String
@@ -706,6 +712,17 @@ func (d *Driver) denied(ctx context.Context, o op, err error) error {
 // releases it with that error, and the pool drops a connection released so).
 func discard(conn *sql.Conn) {
 	_ = conn.Raw(func(any) error { return sqldriver.ErrBadConn })
+}
+
+// namedString is the value of the string argument called name among args ("" if none).
+func namedString(args []any, name string) string {
+	for _, a := range args {
+		if n, ok := a.(sql.NamedArg); ok && n.Name == name {
+			v, _ := n.Value.(string)
+			return v
+		}
+	}
+	return ""
 }
 
 func scanNothing(*sql.Rows) (struct{}, error) { return struct{}{}, nil }

@@ -252,6 +252,71 @@ func TestGrantedRoleCannotWriteTheTables(t *testing.T) {
 	}
 }
 
+// TestGrantedRolePrefixes: a worker limited to "a/" and "ü %_[" acquires there and is refused,
+// by the procedure itself, elsewhere: another prefix, another case, a name that LIKE would have
+// matched, a name the prefix's trailing space would be padded to; the refusal changes nothing.
+// A direct EXEC of the procedure is refused too (51803), and the role cannot write
+// fenced_grants. Granting again with "b/" takes "a/" away. Needs FENCED_TEST_SQLSERVER: no
+// SQL Server runs on the machine where this was written, so it has not been run yet.
+func TestGrantedRolePrefixes(t *testing.T) {
+	admin, schemaURL := newSchema(t, serverURL(t))
+	role, roleURL := newRole(t, admin, schemaURL)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	if err := admin.Grant(ctx, role, driver.GrantSpec{Access: driver.AccessWorker, Prefixes: []string{"a/", "ü %_["}}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := admin.BumpEpoch(ctx); err != nil { // so that epoch and generation differ
+		t.Fatal(err)
+	}
+	inside := []string{"a/x y", "ü %_[z"}
+	outside := []string{"b/x", "A/x", "ü %X[z", "ü"}
+	for _, r := range append(append([]string{}, inside...), outside...) {
+		if err := admin.Provision(ctx, r); err != nil {
+			t.Fatal(err)
+		}
+	}
+	d, err := Open(roleURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer d.Close()
+	for _, r := range inside {
+		if _, err := d.Acquire(ctx, r, "w", time.Minute); err != nil {
+			t.Errorf("acquire %q within the prefixes: %v", r, err)
+		}
+	}
+	for _, r := range outside {
+		_, err := d.Acquire(ctx, r, "w", time.Minute)
+		var pe *driver.PermissionError
+		if !errors.As(err, &pe) || pe.Resource != r || !errors.Is(err, driver.ErrNotApplied) {
+			t.Errorf("acquire %q outside the prefixes: %v", r, err)
+		}
+		st, err := admin.Read(ctx, r)
+		if err != nil || st.Generation != 0 || st.Owner != "" {
+			t.Errorf("%q after the refusal: %+v, %v", r, st, err)
+		}
+	}
+	q := quoteName(d.Schema())
+	_, err = d.DB().ExecContext(ctx, "EXEC "+q+".[fenced_acquire] @resource = N'b/x', @owner = N'w', @ttl_s = 60, @ttl_us = 0")
+	if e, ok := sqlError(err); !ok || e.Number != errOutsidePrefixes {
+		t.Errorf("direct EXEC outside the prefixes: %v", err)
+	}
+	_, err = d.DB().ExecContext(ctx, "INSERT INTO "+q+".[fenced_grants] (role_name, prefix) VALUES (@role, N'')", sql.Named("role", role))
+	if e, ok := sqlError(err); !ok || e.Number != errPermissionDenied {
+		t.Errorf("the role writes fenced_grants: %v", err)
+	}
+	if err := admin.Grant(ctx, role, driver.GrantSpec{Access: driver.AccessWorker, Prefixes: []string{"b/"}}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := d.Acquire(ctx, "b/x", "w", time.Minute); err != nil {
+		t.Errorf("acquire b/x after the new grant: %v", err)
+	}
+	if _, err := d.Read(ctx, "a/x y"); !errors.Is(err, driver.ErrPermission) {
+		t.Errorf("read a/x y after a grant without a/: %v", err)
+	}
+}
+
 // TestCheckDurabilityOnServer compares the warning with the database's own setting.
 func TestCheckDurabilityOnServer(t *testing.T) {
 	admin, _ := newSchema(t, serverURL(t))
