@@ -824,10 +824,16 @@ func (t *tortureRun) inject(ctx context.Context, f torture.Fault) {
 	case torture.FaultRestart:
 		begin := torture.Now()
 		detail := "server restarted"
-		if err := t.restart(ctx); err != nil {
+		err := t.restart(ctx)
+		if err != nil {
 			detail = err.Error()
 		}
-		_ = t.nem.Write(torture.Record{Kind: torture.KindEvent, Event: torture.FaultRestart, Time: begin, EndTime: torture.Now(), Detail: detail})
+		// A restarted Redis has a new run id: its scripts bump the epoch at the first
+		// lease-carrying request, which frees every lease held across the restart. The
+		// checker's model must know it, or a holder's refused release is a violation to it.
+		_, selfBump := t.drv.(*redis.Driver)
+		_ = t.nem.Write(torture.Record{Kind: torture.KindEvent, Event: torture.FaultRestart, Time: begin, EndTime: torture.Now(),
+			Detail: detail, SelfBump: selfBump && err == nil})
 	case torture.FaultRowLock:
 		t.holdRowLock(ctx, f)
 	case torture.FaultBump:

@@ -132,6 +132,7 @@ func Check(h *History, init map[string]State, timeout time.Duration) *Result {
 	c.readers()
 	c.identities()
 	c.liveness()
+	bumps := selfBumps(h)
 	for _, res := range h.Resources() {
 		ops := byRes[res]
 		// Proving that no order exists can take porcupine a long time when many outcomes are
@@ -143,13 +144,66 @@ func Check(h *History, init map[string]State, timeout time.Duration) *Result {
 		if flagged {
 			budget = min(timeout, flaggedCheckTimeout)
 		}
-		c.linearizable(res, ops, init[res].model(), budget, flagged)
+		c.linearizable(res, withSelfBumps(ops, bumps, res), init[res].model(), budget, flagged)
 	}
 	for _, name := range Invariants {
 		r.Invariants = append(r.Invariants, *c.res[name])
 	}
 	r.Duration = time.Since(start)
 	return r
+}
+
+// selfBumps are the model's operations on res for the restarts after which the engine bumps
+// its epoch by itself (Record.SelfBump: Redis, whose scripts bump when the server's run id
+// changed). That bump frees every lease held across the restart: their holders' releases are
+// refused from then on. It happens at the first lease-carrying request the restarted server
+// runs, on whichever resource: no earlier than the restart's start, and no later than the
+// return of the first such request called after the restart ended that got a definite answer
+// (every lease-carrying script records the bump before it answers). With no such request the
+// bump may or may not have happened by the end of the history. The operations are the
+// model's only: the direct checks do not see them (an acquisition after it still shows a
+// larger epoch, and a write after it carrying the old one is refused by the model).
+// Each is the same for every resource; the checker adds a copy to each (Index -1: they are
+// not in History.Ops, and are never reported as a violation's culprit).
+func selfBumps(h *History) []Op {
+	var out []Op
+	for _, e := range h.Events {
+		if e.Event != FaultRestart || !e.SelfBump {
+			continue
+		}
+		op := Op{Index: -1, Proc: "engine", Kind: OpSelfBump, Call: e.Time, Return: h.End, Out: OutUnknown}
+		for _, o := range h.Ops {
+			if o.Call >= e.EndTime && o.Return < op.Return && answeredByScript(o) {
+				op.Return, op.Out = o.Return, OutOK
+			}
+		}
+		out = append(out, op)
+	}
+	return out
+}
+
+// withSelfBumps is ops with a copy of each of bumps on res.
+func withSelfBumps(ops []*Op, bumps []Op, res string) []*Op {
+	if len(bumps) == 0 {
+		return ops
+	}
+	out := append(make([]*Op, 0, len(ops)+len(bumps)), ops...)
+	for _, b := range bumps {
+		b.Resource = res
+		out = append(out, &b)
+	}
+	return out
+}
+
+// answeredByScript reports whether op is a lease-carrying request the engine ran and answered.
+func answeredByScript(op *Op) bool {
+	switch op.Kind {
+	case OpAcquire:
+		return op.Out == OutOK || op.Out == OutBusy || op.Out == OutNotFound
+	case OpRenew, OpPublish, OpPublishRelease, OpRelease:
+		return op.Out == OutOK || op.Out == OutRefused
+	}
+	return false
 }
 
 // State is a resource's row before the run, as the parent read it.
@@ -230,7 +284,11 @@ func (c *checker) excerpt(involved []*Op) ([]int, int) {
 // It is shown with the last acquisition and publication acknowledged before its call.
 func (c *checker) linearizable(res string, ops []*Op, init state, timeout time.Duration, flagged bool) {
 	ir := c.res[InvLinearizable]
-	ir.Checked += len(ops)
+	for _, op := range ops {
+		if op.Index >= 0 { // not the engine's own bumps (selfBumps)
+			ir.Checked++
+		}
+	}
 	pops := porcupineOps(c.h, ops)
 	gaveUp := func() {
 		if flagged {
@@ -264,7 +322,7 @@ func (c *checker) linearizable(res string, ops []*Op, init state, timeout time.D
 	case porcupine.Unknown:
 		// The search was exhaustive: report its deepest point.
 		culprit := ops[0]
-		if sr.culprit >= 0 {
+		if sr.culprit >= 0 && pops[sr.culprit].Metadata.(*Op).Index >= 0 {
 			culprit = pops[sr.culprit].Metadata.(*Op)
 		}
 		c.violate(InvLinearizable, res, fmt.Sprintf(
@@ -287,7 +345,7 @@ func (c *checker) linearizable(res string, ops []*Op, init state, timeout time.D
 	}
 	var culprit *Op
 	for _, op := range ops {
-		if !linearized[op] && !op.Unknown() && (culprit == nil || op.Return < culprit.Return) {
+		if !linearized[op] && !op.Unknown() && op.Index >= 0 && (culprit == nil || op.Return < culprit.Return) {
 			culprit = op
 		}
 	}

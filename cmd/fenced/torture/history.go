@@ -30,6 +30,10 @@ const (
 	OpSnapshot = "snapshot"
 	OpRestore  = "restore"
 	OpBump     = "bump"
+	// OpSelfBump is not recorded: the checker adds one per resource for each restart after
+	// which the engine bumps its epoch by itself (Record.SelfBump), so that the model knows
+	// the leases held across the restart were freed (see selfBumps in check.go).
+	OpSelfBump = "self_bump"
 )
 
 // Outcomes, as recorded. Anything that is not a definite answer is OutUnknown.
@@ -74,11 +78,15 @@ type Record struct {
 	PayloadBytes int64  `json:"payload_bytes,omitempty"`
 
 	// note and event
-	Event    string `json:"event,omitempty"` // pause, resume, kill, start, exit, restart, clock, drop
-	Slot     int    `json:"slot,omitempty"`
-	Pid      int    `json:"pid,omitempty"`
-	EndTime  int64  `json:"end,omitempty"` // when the event ended (pause, restart)
-	OffsetMs int64  `json:"offset_ms,omitempty"`
+	Event   string `json:"event,omitempty"` // pause, resume, kill, start, exit, restart, clock, drop
+	Slot    int    `json:"slot,omitempty"`
+	Pid     int    `json:"pid,omitempty"`
+	EndTime int64  `json:"end,omitempty"` // when the event ended (pause, restart)
+	// SelfBump (restart) says that the engine bumps its epoch by itself after this restart, at
+	// its first lease-carrying request (Redis: the server's run id changed), which frees every
+	// lease held across it.
+	SelfBump bool  `json:"self_bump,omitempty"`
+	OffsetMs int64 `json:"offset_ms,omitempty"`
 	// Until (rowlock) is when the lease of (Owner, Epoch, Gen) on Resource expires at the
 	// latest, on this clock: the database's remaining time read under the lock, added to the
 	// moment that read returned.

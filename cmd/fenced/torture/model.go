@@ -216,6 +216,17 @@ func step(st state, in input, out output) []any {
 			return []any{st, bumped}
 		}
 		return nil
+	case OpSelfBump:
+		// The engine's own bump after a restart: every lease freed, the epoch raised by an
+		// amount the history does not show (the next acquisition's grant does).
+		bumped := state{Epoch: st.Epoch, Gen: st.Gen, Pub: st.Pub, Payload: st.Payload}
+		switch out.Out {
+		case OutOK:
+			return []any{bumped}
+		case OutUnknown:
+			return []any{st, bumped}
+		}
+		return nil
 	case OpGet:
 		switch out.Out {
 		case OutOK:
