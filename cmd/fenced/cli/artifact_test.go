@@ -175,7 +175,7 @@ func TestArtifactDefaultStore(t *testing.T) {
 		if r := runEnv(t, tg, nil, "provision", res); r.code != 0 {
 			t.Fatal(r.stderr)
 		}
-		l := decode[leaseOut](t, runEnv(t, tg, nil, "acquire", res, "--ttl", "1m").stdout)
+		l := decode[leaseOut](t, runEnv(t, tg, nil, "acquire", res, "--ttl", "10m").stdout)
 		file := filepath.Join(tg.dir, "x")
 		if err := os.WriteFile(file, []byte("x\x00y"), 0o666); err != nil {
 			t.Fatal(err)
@@ -209,7 +209,7 @@ func TestArtifactBadInput(t *testing.T) {
 		store := artifact.FileURL(filepath.Join(tg.dir, "store"))
 		runEnv(t, tg, nil, "provision", res)
 		runEnv(t, tg, nil, "epoch", "bump")
-		l := decode[leaseOut](t, runEnv(t, tg, nil, "acquire", res, "--ttl", "1m").stdout)
+		l := decode[leaseOut](t, runEnv(t, tg, nil, "acquire", res, "--ttl", "10m").stdout)
 		file := filepath.Join(tg.dir, "x")
 		if err := os.WriteFile(file, []byte("x"), 0o666); err != nil {
 			t.Fatal(err)

@@ -375,7 +375,7 @@ func TestExitCodes(t *testing.T) {
 	forEachTarget(t, func(tg target) {
 		t := tg.t
 		tg.ok(nil, "provision", "r", "empty")
-		l := tg.acquire("r", "1m")
+		l := tg.acquire("r", "10m") // long enough for a loaded machine: the refusals below must not race its expiry
 
 		// 2: usage and invalid input, before the database is touched.
 		for _, args := range [][]string{
