@@ -142,7 +142,7 @@ func testBumpDuringBlockedAcquisition(t *testing.T, e *env) {
 			if st, err := drv.Read(c, resource); err != nil || st.Owner != "" {
 				t.Errorf("after the bump, the lease of the acquisition it did not see is still shown: owner %q, %v", st.Owner, err)
 			}
-			checkFenced(t, c, drv, "the acquisition that overlapped the bump", ref)
+			checkFenced(t, c, drv, "the acquisition that overlapped the bump", "bump-race-overlap", ref)
 			if g, err := drv.Acquire(c, resource, "after ü", time.Minute); err != nil || g.Epoch != b.epoch {
 				t.Errorf("acquisition after the bump: %+v, %v; want epoch %d", g, err, b.epoch)
 			}
@@ -152,17 +152,16 @@ func testBumpDuringBlockedAcquisition(t *testing.T, e *env) {
 	default:
 		t.Fatalf("acquisition: %v", a.err)
 	}
-	checkFenced(t, c, drv, "the lease held before the bump", before)
+	checkFenced(t, c, drv, "the lease held before the bump", "bump-race-held", before)
 }
 
 // checkFenced: a renewal and a publication with ref, whose epoch a bump has superseded, are
 // both refused.
-func checkFenced(t *testing.T, c context.Context, drv driver.Driver, what string, ref driver.LeaseRef) {
+func checkFenced(t *testing.T, c context.Context, drv driver.Driver, what, op string, ref driver.LeaseRef) {
 	t.Helper()
 	if _, ok, err := drv.Renew(c, ref, time.Hour); err != nil || ok {
 		t.Errorf("renewal with %s's token (epoch %d): ok=%v, err=%v; want a refusal", what, ref.Epoch, ok, err)
 	}
-	op := "bump-race-" + ref.Owner
 	if ok, err := drv.Publish(c, ref, driver.Publication{Payload: []byte("stale\x00epoch"), OpID: op}); err != nil || ok {
 		t.Errorf("publication with %s's token (epoch %d): ok=%v, err=%v; want a refusal", what, ref.Epoch, ok, err)
 	}
