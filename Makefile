@@ -15,7 +15,7 @@ build: ## build the fenced command into ./bin/fenced
 	$(GO) build -o bin/fenced ./cmd/fenced
 
 test: ## run every test of every module with -race (servers: see README)
-	$(GO) test -race -count=1 -timeout 20m work
+	$(GO) test -race -count=1 -timeout 30m work
 
 test-short: ## the tests without the race detector, for a quick look
 	$(GO) test -count=1 work

@@ -42,8 +42,15 @@ const currentEpoch = `(SELECT epoch FROM fenced_meta WHERE id = 1)`
 const incarnationOK = `(SELECT fenced_incarnation_ok())`
 
 // leaseMatches is the condition every lease-carrying statement shares: $1 resource, $2 owner,
-// $3 generation, $4 epoch, and the incarnation check.
-const leaseMatches = `resource = $1 AND lease_owner = $2 AND generation = $3 AND epoch = $4 AND ` + incarnationOK
+// $3 generation, $4 epoch, the store's current epoch, and the incarnation check.
+//
+// The row's epoch alone is not enough: an acquisition that overlapped a bump can leave a lease
+// with the epoch from before it that the bump's statement did not see (its snapshot predates
+// the acquisition's commit; see sqlAcquire). Comparing $4 with the store's epoch, read with
+// the statement's snapshot, refuses every such token once the bump has committed. Like the
+// incarnation check (which stays first) it has no columns: a one-time filter evaluated before the scan
+// (TestConformance/BumpDuringBlockedAcquisition forces that schedule).
+const leaseMatches = `resource = $1 AND lease_owner = $2 AND generation = $3 AND epoch = $4 AND ` + incarnationOK + ` AND $4 = ` + currentEpoch
 
 // The server's incarnation. The system identifier changes when a cluster is rebuilt from a
 // logical copy or re-initialised; the timeline changes when a standby is promoted or a
@@ -77,24 +84,37 @@ const (
 	// lost on the re-check, the snapshot still shows the lease free. seen_free says so, and the
 	// driver reads the row again in that case only.
 	//
-	// The epoch subquery is evaluated once, with the statement's snapshot: an acquisition that
-	// runs concurrently with BumpEpoch may still get the old epoch (with a new generation, so
-	// its token is still the greatest so far). After a restore that cannot collide with a lost
-	// token, because acquisitions are refused until the bump has recorded the new incarnation.
+	// The store's epoch is read with FOR SHARE, in a CTE that the WHERE clause's one-time
+	// filter evaluates before the scan reaches the resource's row: a bump (which updates
+	// fenced_meta) cannot commit while the acquisition holds that lock, and an acquisition that
+	// starts while a bump is in progress waits for it and then, under READ COMMITTED, locks and
+	// reads the bumped epoch (under REPEATABLE READ and SERIALIZABLE it fails with a
+	// serialization failure, and the driver runs it again). Read without the lock, the epoch
+	// came from the statement's snapshot: an acquisition that waited on the resource's row while
+	// a bump committed got the epoch from before the bump, after it was acknowledged. Both lock
+	// fenced_meta before any resource row (the bump's UPDATE of fenced_meta runs before its
+	// data-modifying CTE), so the two cannot deadlock. An acquisition that commits first still
+	// keeps the old epoch, and the bump, whose snapshot predates that commit, does not free its
+	// lease: leaseMatches then refuses the lease's token, and a lease whose epoch is older than
+	// the store's counts as free here.
 	//
 	// It does not take the row lock first (see sqlLockRow): a clock read before a lock wait
 	// can only refuse a lease that ran out during the wait (busy; the caller tries again) or
 	// store an expiry earlier than the end of the wait plus the TTL, both on the safe side.
-	sqlAcquire = `WITH acquired AS (
+	sqlAcquire = `WITH meta AS MATERIALIZED (
+    SELECT epoch FROM fenced_meta WHERE id = 1 FOR SHARE
+), acquired AS (
     UPDATE fenced_resources
-    SET generation = generation + 1, epoch = ` + currentEpoch + `, lease_owner = $2,
+    SET generation = generation + 1, epoch = (SELECT epoch FROM meta), lease_owner = $2,
         lease_until = clock_timestamp() + $3::bigint ` + ttlInterval + `
-    WHERE resource = $1 AND (lease_until IS NULL OR lease_until <= clock_timestamp()) AND ` + incarnationOK + `
+    WHERE resource = $1 AND ` + incarnationOK + ` AND (SELECT epoch FROM meta) IS NOT NULL
+      AND (lease_until IS NULL OR lease_until <= clock_timestamp() OR epoch < (SELECT epoch FROM meta))
     RETURNING epoch, generation, lease_until
 )
 SELECT true, epoch, generation, lease_until, false FROM acquired
 UNION ALL
-SELECT false, epoch, generation, lease_until, (lease_until IS NULL OR lease_until <= clock_timestamp())
+SELECT false, epoch, generation, lease_until,
+    (lease_until IS NULL OR lease_until <= clock_timestamp() OR epoch < (SELECT epoch FROM meta))
 FROM fenced_resources
 WHERE resource = $1 AND NOT EXISTS (SELECT FROM acquired)`
 
@@ -135,9 +155,14 @@ SELECT $7, 'accepted', resource, epoch, generation, clock_timestamp() FROM publi
 SET lease_owner = NULL, lease_until = NULL
 WHERE ` + leaseMatches
 
-	sqlRead = `SELECT epoch, generation, lease_owner, lease_until, published_epoch, published_generation,
-    published_at, source_version, coalesce(octet_length(payload), 0)::bigint, ` + currentEpoch + `, clock_timestamp()
-FROM fenced_resources WHERE resource = $1`
+	// sqlRead reports no lease when the row's epoch is older than the store's: a lease that
+	// an acquisition committed while a bump was waiting for it (see sqlAcquire) is free from
+	// the bump on, as if the bump had cleared it, which is how leaseMatches and sqlAcquire
+	// treat it too.
+	sqlRead = `SELECT epoch, generation, CASE WHEN epoch >= m.current THEN lease_owner END,
+    CASE WHEN epoch >= m.current THEN lease_until END, published_epoch, published_generation,
+    published_at, source_version, coalesce(octet_length(payload), 0)::bigint, m.current, clock_timestamp()
+FROM fenced_resources, (SELECT ` + currentEpoch + ` AS current) m WHERE resource = $1`
 
 	sqlReadPayload = `SELECT published_generation, payload FROM fenced_resources WHERE resource = $1`
 

@@ -82,6 +82,7 @@ func Run(t *testing.T, newTarget NewTarget) {
 		{"RenewRefusedAfterExpiry", testRenewAfterExpiry},
 		{"RenewExtends", testRenewExtends},
 		{"RowLockAcrossExpiry", testRowLockAcrossExpiry},
+		{"BumpDuringBlockedAcquisition", testBumpDuringBlockedAcquisition},
 		{"OverlappingAcquisitions", testOverlappingAcquisitions},
 		{"GenerationsSurviveReleaseAndReopen", testGenerationsSurvive},
 		{"BadInputChangesNothing", testBadInput},
