@@ -4,7 +4,6 @@ import (
 	"context"
 	"crypto/rand"
 	"database/sql"
-	"net"
 	"net/url"
 	"os"
 	"path/filepath"
@@ -233,17 +232,7 @@ const (
 // azuriteURL is the blob endpoint of an Azurite server, from FENCED_TEST_AZURITE (.ci/run
 // starts one).
 func azuriteURL(t *testing.T) string {
-	return drivertest.ServerURL(t, "FENCED_TEST_AZURITE", "http://127.0.0.1:10000/"+azuriteAccount, func(raw string) error {
-		u, err := url.Parse(raw)
-		if err != nil {
-			return err
-		}
-		c, err := net.DialTimeout("tcp", u.Host, 2*time.Second)
-		if err != nil {
-			return err
-		}
-		return c.Close()
-	})
+	return drivertest.ServerURL(t, "FENCED_TEST_AZURITE", "http://127.0.0.1:10000/"+azuriteAccount, drivertest.DialURL)
 }
 
 // azuriteContainer creates a container with a random name, deleted when the test ends.
