@@ -378,9 +378,13 @@ func TestCreateOnlyRaceCatchesStatThenRename(t *testing.T) {
 		if err == nil {
 			return os.ErrExist
 		}
-		return os.Rename(old, path)
+		side := path + ".mutant-" + newNonce()
+		if err := linkStaged(old, side); err != nil {
+			return err
+		}
+		return os.Rename(side, path) // replaces what the other writer renamed there
 	}
-	defer func() { commitFile = os.Link }()
+	defer func() { commitFile = linkStaged }()
 	if n := raceCommits(t); n != 2 {
 		t.Fatalf("with stat-then-rename, %d of 2 racing uploads succeeded; the race test cannot catch it", n)
 	}

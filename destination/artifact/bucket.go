@@ -95,6 +95,7 @@ func FileURL(dir string) string {
 }
 
 func openDir(dir string) (*Bucket, error) {
+	dir = filepath.Clean(dir) // syncCommitted walks up to it
 	if !filepath.IsAbs(dir) {
 		return nil, fmt.Errorf("artifact store directory %q is not absolute", dir)
 	}
@@ -149,24 +150,23 @@ func (b *Bucket) put(ctx context.Context, key, contentType string, r io.Reader) 
 	return h.Sum(nil), cr.n, nil
 }
 
-// putFile stages the bytes in a temporary file, syncs it, and links it to the key's path: link
-// fails if the path exists, in one system call, whatever other writers do.
+// putFile stages the bytes in a file of their own, links it to the key's path (link fails if
+// the path exists, in one system call, whatever other writers do), and syncs the file and
+// every directory from the key's up to the store's root before it returns.
+//
+// The link comes before the syncs so that one journal commit can cover the bytes and their
+// name (on ext4 the file's fsync commits the link with it, and the directories' fsyncs find
+// nothing left to write). The object is visible under its key from the link on, but no pointer
+// names it until put has returned: a crash before the syncs leaves an orphan for Collect, never
+// a pointer to bytes that were lost.
 func (b *Bucket) putFile(ctx context.Context, key string, r io.Reader) ([]byte, int64, error) {
-	f, err := os.CreateTemp(filepath.Join(b.dir, tmpDir), "upload-*")
+	st, err := createStaging(filepath.Join(b.dir, tmpDir))
 	if err != nil {
 		return nil, 0, err
 	}
-	defer func() { _ = os.Remove(f.Name()) }()
-	sum, n, err := stage(f, r)
+	defer st.discard()
+	sum, n, err := stage(st.f, r)
 	if err != nil {
-		_ = f.Close()
-		return nil, 0, err
-	}
-	if err := f.Sync(); err != nil { // the pointer must never outlive the bytes in a crash
-		_ = f.Close()
-		return nil, 0, err
-	}
-	if err := f.Close(); err != nil {
 		return nil, 0, err
 	}
 	if err := ctx.Err(); err != nil {
@@ -179,27 +179,92 @@ func (b *Bucket) putFile(ctx context.Context, key string, r io.Reader) ([]byte, 
 	if testHookBeforeCommit != nil {
 		testHookBeforeCommit(key)
 	}
-	if err := commitFile(f.Name(), path); err != nil {
+	if err := commitFile(st.from, path); err != nil {
 		if errors.Is(err, os.ErrExist) {
 			return nil, 0, fmt.Errorf("%q: %w", key, ErrExists)
 		}
 		return nil, 0, err
 	}
-	return sum, n, syncDir(filepath.Dir(path))
+	if err := b.syncCommitted(st.f, path); err != nil {
+		_ = os.Remove(path) // a crash now would leave it as an orphan anyway
+		return nil, 0, err
+	}
+	return sum, n, nil
+}
+
+// syncCommitted makes a committed object durable: its bytes, and the name of every directory
+// from the key's up to the store's root (the whole chain every time, rather than only the
+// directories this upload created: another upload may have created one and not synced it
+// yet). The fsyncs run at once: a directory whose entries an earlier commit already wrote has
+// nothing to write, but its fsync still waits for a flush of the disk's cache, and concurrent
+// flushes are merged by the block layer and the journal, where successive ones each take a
+// round trip to the disk.
+func (b *Bucket) syncCommitted(f *os.File, path string) error {
+	var dirs []string
+	for d := filepath.Dir(path); ; d = filepath.Dir(d) {
+		dirs = append(dirs, d)
+		if d == b.dir || filepath.Dir(d) == d {
+			break
+		}
+	}
+	errs := make(chan error, len(dirs))
+	for _, d := range dirs {
+		go func() { errs <- syncDir(d) }()
+	}
+	err := syncFile(f)
+	for range dirs {
+		if derr := <-errs; err == nil {
+			err = derr
+		}
+	}
+	return err
+}
+
+// staging is the file an upload writes before committing it under its key.
+type staging struct {
+	f *os.File
+	// from is the path commitFile links from: /proc/self/fd/N for an unnamed file, else the
+	// file's name.
+	from  string
+	named bool
+}
+
+// namedStagingOnly is set by tests to run the named-file fallback of createStaging.
+var namedStagingOnly bool
+
+func createNamedStaging(dir string) (staging, error) {
+	f, err := os.CreateTemp(dir, "upload-*")
+	if err != nil {
+		return staging{}, err
+	}
+	return staging{f: f, from: f.Name(), named: true}, nil
+}
+
+// discard closes the staging file and removes its name: after a commit, the object keeps the
+// bytes under its own name.
+func (s staging) discard() {
+	_ = s.f.Close()
+	if s.named {
+		_ = os.Remove(s.from)
+	}
 }
 
 // Staging: chunks of stageChunk bytes (small: the buffers are per upload, and the peak RSS
-// must not grow with them), stageBuffers of them in flight. Each chunk is written
-// by the caller's goroutine while a second goroutine hashes the chunk before it, so hashing
-// overlaps reading and writing; every writeBehind bytes the file's written range is handed to
-// the kernel's writeback (startWriteback), so the final fsync waits for little.
+// must not grow with them), stageBuffers of them in flight. Each chunk is written by the
+// caller's goroutine while a second goroutine hashes the chunk before it, so hashing overlaps
+// reading and writing. Every writeBehind bytes, the range written since the last request is
+// handed to the kernel's writeback (startWriteback) by a third goroutine, so the disk writes
+// while the copy goes on and the fsync after the commit waits for little; the request can
+// block (a full device queue, a journal commit), so the copy never waits for it: a range the
+// goroutine is too busy to take joins the next request.
 const (
 	stageChunk   = 256 << 10
 	stageBuffers = 4
 	writeBehind  = 8 << 20
 )
 
-// stage copies r to f and returns the SHA-256 and the size of the bytes copied.
+// stage copies r to f and returns the SHA-256 and the size of the bytes copied. When it
+// returns, writeback has been requested for every byte but the last writeBehind.
 func stage(f *os.File, r io.Reader) ([]byte, int64, error) {
 	free := make(chan []byte, stageBuffers)
 	for range stageBuffers {
@@ -215,6 +280,15 @@ func stage(f *os.File, r io.Reader) ([]byte, int64, error) {
 		}
 		sum <- h.Sum(nil)
 	}()
+	type span struct{ off, n int64 }
+	writeback := make(chan span, 1)
+	wrote := make(chan struct{})
+	go func() {
+		for s := range writeback {
+			startWriteback(f, s.off, s.n)
+		}
+		close(wrote)
+	}()
 	var n, flushed int64
 	var err error
 	for {
@@ -229,14 +303,22 @@ func stage(f *os.File, r io.Reader) ([]byte, int64, error) {
 		}
 		toHash <- buf[:k]
 		if n-flushed >= writeBehind {
-			startWriteback(f, flushed, n-flushed)
-			flushed = n
+			select {
+			case writeback <- span{flushed, n - flushed}:
+				flushed = n
+			default: // still busy with the last request
+			}
 		}
 		if err != nil {
 			break
 		}
 	}
+	if n-flushed >= writeBehind {
+		writeback <- span{flushed, n - flushed}
+	}
+	close(writeback)
 	close(toHash)
+	<-wrote
 	s := <-sum
 	if err == io.EOF || err == io.ErrUnexpectedEOF {
 		err = nil
@@ -248,9 +330,15 @@ func stage(f *os.File, r io.Reader) ([]byte, int64, error) {
 }
 
 // commitFile makes the staged file visible under path only if path does not exist yet.
-var commitFile = os.Link
+var commitFile = linkStaged
 
-func syncDir(dir string) error {
+// syncFile and syncDir are variables so that a test can see what an upload syncs, and when.
+var (
+	syncFile = (*os.File).Sync
+	syncDir  = syncDirectory
+)
+
+func syncDirectory(dir string) error {
 	d, err := os.Open(dir)
 	if err != nil {
 		return err

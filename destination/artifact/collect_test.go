@@ -4,9 +4,11 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"os"
 	"path/filepath"
+	"runtime"
 	"strings"
 	"testing"
 	"time"
@@ -205,10 +207,22 @@ func mustEncode(t *testing.T, p Pointer) []byte {
 	return b
 }
 
-// A file store upload that crashed before its commit leaves a staging file: Collect removes it
-// once old enough, and an upload whose staging file was removed under it fails at its commit,
-// so it can never publish a pointer to missing bytes.
+// A file store upload that crashed before its commit can leave a staging file only where the
+// staging file has a name (the fallback where O_TMPFILE is not available): Collect removes it
+// once old enough. An upload in flight while Collect runs either keeps its bytes (an unnamed
+// staging file, which Collect cannot see) or fails at its commit (a named one Collect
+// removed); it never publishes a pointer to missing bytes.
 func TestCollectStagedFiles(t *testing.T) {
+	for _, named := range []bool{false, true} {
+		t.Run(fmt.Sprintf("named=%t", named), func(t *testing.T) {
+			namedStagingOnly = named
+			defer func() { namedStagingOnly = false }()
+			collectStagedDuringUpload(t, named)
+		})
+	}
+}
+
+func collectStagedDuringUpload(t *testing.T, named bool) {
 	ctx, b := testCtx(t), fileStore.open(t)
 	staging := filepath.Join(b.dir, tmpDir)
 	if err := os.WriteFile(filepath.Join(staging, "upload-crashed"), []byte("partial"), 0o666); err != nil {
@@ -224,20 +238,66 @@ func TestCollectStagedFiles(t *testing.T) {
 		collected <- rep
 	}
 	defer func() { testHookBeforeCommit = nil }()
-	_, _, err := b.put(ctx, key, "", strings.NewReader("bytes"))
-	if err == nil || errors.Is(err, ErrExists) {
-		t.Fatalf("an upload whose staging file was collected: %v, want a failed commit", err)
+	data := "bytes \x00 of € 2026"
+	_, n, err := b.put(ctx, key, "", strings.NewReader(data))
+	rep := <-collected
+	if entries, _ := os.ReadDir(staging); len(entries) != 0 {
+		t.Fatalf("staging files left: %v", entries)
 	}
-	if rep := <-collected; rep.Staged != 2 {
-		t.Fatalf("collect removed %d staging files, want 2", rep.Staged)
+	if named {
+		if err == nil || errors.Is(err, ErrExists) {
+			t.Fatalf("an upload whose staging file was collected: %v, want a failed commit", err)
+		}
+		if rep.Staged != 2 {
+			t.Fatalf("collect removed %d staging files, want 2", rep.Staged)
+		}
+		if ok, _ := b.b.Exists(ctx, key); ok {
+			t.Fatal("the object exists after a failed commit")
+		}
+		return
 	}
-	if ok, _ := b.b.Exists(ctx, key); ok {
-		t.Fatal("the object exists after a failed commit")
+	if err != nil || n != int64(len(data)) {
+		t.Fatalf("an upload with an unnamed staging file: %d bytes, %v", n, err)
+	}
+	if rep.Staged != 1 {
+		t.Fatalf("collect removed %d staging files, want 1 (the crashed upload's)", rep.Staged)
+	}
+	if got, err := b.b.ReadAll(ctx, key); err != nil || string(got) != data {
+		t.Fatalf("the object reads %q, %v; want %q", got, err, data)
+	}
+}
+
+// While a file store upload stages its bytes, the staging directory holds no name for them,
+// and after a failed upload it holds nothing: a crash cannot leave a staging file.
+func TestStagingHasNoName(t *testing.T) {
+	if runtime.GOOS != "linux" {
+		t.Skip("unnamed staging files (O_TMPFILE) are Linux only")
+	}
+	ctx, b := testCtx(t), fileStore.open(t)
+	staging := filepath.Join(b.dir, tmpDir)
+	key := objectKey(resource, "owner", fenced.Token{Epoch: 3, Generation: 1}, newNonce())
+	var seen []os.DirEntry
+	r := io.MultiReader(strings.NewReader("half \x00 written"), readerFunc(func([]byte) (int, error) {
+		seen, _ = os.ReadDir(staging)
+		return 0, errors.New("the producer failed")
+	}))
+	if _, _, err := b.put(ctx, key, "", r); err == nil {
+		t.Fatal("an upload whose reader failed succeeded")
+	}
+	if len(seen) != 0 {
+		t.Fatalf("the staging directory held %v during the upload, want nothing", seen)
 	}
 	if entries, _ := os.ReadDir(staging); len(entries) != 0 {
 		t.Fatalf("staging files left: %v", entries)
 	}
+	if ok, _ := b.b.Exists(ctx, key); ok {
+		t.Fatal("the object exists after a failed upload")
+	}
 }
+
+type readerFunc func([]byte) (int, error)
+
+func (f readerFunc) Read(p []byte) (int, error) { return f(p) }
 
 // PublishPointer refuses a pointer that another lease uploaded, before anything is sent.
 func TestPublishPointerOnlyOwnUpload(t *testing.T) {
