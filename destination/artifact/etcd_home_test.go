@@ -20,7 +20,8 @@ import (
 )
 
 // etcd as the pointers' home: one embedded member on loopback, started on first use and
-// stopped by TestMain; each test gets a key prefix of its own.
+// stopped by TestMain, unless FENCED_TEST_ETCD names a server; each test gets a key prefix of
+// its own.
 var etcdServer struct {
 	once     sync.Once
 	e        *embed.Etcd
@@ -81,28 +82,51 @@ func startEtcd() {
 	}
 }
 
-func etcdHome(t *testing.T) home {
+// etcdEndpoint is the server FENCED_TEST_ETCD names (etcd://host:port) when it is set, else
+// the embedded member. BenchmarkArtifact sets it: an embedded member's memory would count in
+// the process's peak RSS.
+func etcdEndpoint(t testing.TB) string {
+	if raw := os.Getenv("FENCED_TEST_ETCD"); raw != "" {
+		drivertest.ServerURL(t, "FENCED_TEST_ETCD", raw, drivertest.DialURL)
+		u, err := url.Parse(raw)
+		if err != nil {
+			t.Fatalf("FENCED_TEST_ETCD=%s: %v", raw, err)
+		}
+		return u.Host
+	}
 	etcdServer.once.Do(startEtcd)
 	if etcdServer.err != nil {
 		t.Fatalf("start an embedded etcd member: %v", etcdServer.err)
 	}
+	return etcdServer.endpoint
+}
+
+func etcdHome(t testing.TB) home {
+	endpoint := etcdEndpoint(t)
 	prefix := "/fenced-artifact-test/" + rand.Text() + "/"
-	rawURL := "etcd://" + etcdServer.endpoint + "?prefix=" + url.QueryEscape(prefix)
-	open := func(t *testing.T) *etcd.Driver {
+	rawURL := "etcd://" + endpoint + "?prefix=" + url.QueryEscape(prefix)
+	open := func(t testing.TB) *etcd.Driver {
 		d, err := etcd.Open(rawURL)
 		if err != nil {
 			t.Fatal(err)
 		}
 		return d
 	}
-	admin, err := clientv3.New(clientv3.Config{Endpoints: []string{etcdServer.endpoint}, DialTimeout: 5 * time.Second, Logger: zap.NewNop()})
+	admin, err := clientv3.New(clientv3.Config{Endpoints: []string{endpoint}, DialTimeout: 5 * time.Second, Logger: zap.NewNop()})
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { _ = admin.Close() })
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		if _, err := admin.Delete(ctx, prefix, clientv3.WithPrefix()); err != nil {
+			t.Errorf("delete test keys: %v", err)
+		}
+		_ = admin.Close()
+	})
 	return home{
 		name: "etcd",
-		open: func(t *testing.T) (*fenced.Store, *fenced.Store, func()) {
+		open: func(t testing.TB) (*fenced.Store, *fenced.Store, func()) {
 			lossy, arm := drivertest.LoseReplies(open(t))
 			return newStore(t, open(t)), newStore(t, lossy), arm
 		},

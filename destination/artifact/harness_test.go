@@ -28,7 +28,7 @@ type home struct {
 	name string
 	// open returns a store on connections of its own, and the same store whose next mutation's
 	// reply is lost once arm is called.
-	open   func(t *testing.T) (s *fenced.Store, lossy *fenced.Store, arm func())
+	open   func(t testing.TB) (s *fenced.Store, lossy *fenced.Store, arm func())
 	expire func(ctx context.Context, resource string) error
 	// copyRow copies the resource's row as it is now; restore puts the copy back, as restoring
 	// the database from a copy taken at that moment would (nil: not built for this home).
@@ -77,7 +77,7 @@ type store struct {
 
 type namedHome struct {
 	name string
-	open func(t *testing.T) home
+	open func(t testing.TB) home
 }
 
 func homes() []namedHome {
@@ -85,15 +85,15 @@ func homes() []namedHome {
 }
 func stores() []store { return []store{fileStore, azuriteStore} }
 
-func testCtx(t *testing.T) context.Context {
+func testCtx(t testing.TB) context.Context {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	t.Cleanup(cancel)
 	return ctx
 }
 
-func newStore(t *testing.T, drv driver.Driver) *fenced.Store { return newStoreWith(t, drv, nil) }
+func newStore(t testing.TB, drv driver.Driver) *fenced.Store { return newStoreWith(t, drv, nil) }
 
-func newStoreWith(t *testing.T, drv driver.Driver, cfg *fenced.Config) *fenced.Store {
+func newStoreWith(t testing.TB, drv driver.Driver, cfg *fenced.Config) *fenced.Store {
 	t.Helper()
 	s, err := fenced.New(testCtx(t), drv, cfg)
 	if err != nil {
@@ -103,9 +103,9 @@ func newStoreWith(t *testing.T, drv driver.Driver, cfg *fenced.Config) *fenced.S
 	return s
 }
 
-func sqliteHome(t *testing.T) home {
+func sqliteHome(t testing.TB) home {
 	path := filepath.Join(t.TempDir(), "fenced.db")
-	open := func(t *testing.T) *sqlite.Driver {
+	open := func(t testing.TB) *sqlite.Driver {
 		d, err := sqlite.Open(path)
 		if err != nil {
 			t.Fatal(err)
@@ -116,7 +116,7 @@ func sqliteHome(t *testing.T) home {
 	t.Cleanup(func() { _ = admin.Close() })
 	return home{
 		name: "sqlite",
-		open: func(t *testing.T) (*fenced.Store, *fenced.Store, func()) {
+		open: func(t testing.TB) (*fenced.Store, *fenced.Store, func()) {
 			lossy, arm := drivertest.LoseReplies(open(t))
 			return newStore(t, open(t)), newStore(t, lossy), arm
 		},
@@ -143,7 +143,7 @@ func pgPing(rawURL string) error {
 	return conn.Ping(ctx)
 }
 
-func postgresHome(t *testing.T) home {
+func postgresHome(t testing.TB) home {
 	base := drivertest.ServerURL(t, "FENCED_TEST_POSTGRES", "postgres://postgres@127.0.0.1:5432/postgres?sslmode=disable", pgPing)
 	schema := "fenced_artifact_" + strings.ToLower(rand.Text()[:16])
 	admin, err := pgx.Connect(testCtx(t), base)
@@ -168,7 +168,7 @@ func postgresHome(t *testing.T) home {
 	q := u.Query()
 	q.Set("search_path", schema)
 	u.RawQuery = q.Encode()
-	open := func(t *testing.T) *postgres.Driver {
+	open := func(t testing.TB) *postgres.Driver {
 		d, err := postgres.Open(testCtx(t), u.String())
 		if err != nil {
 			t.Fatal(err)
@@ -177,7 +177,7 @@ func postgresHome(t *testing.T) home {
 	}
 	return home{
 		name: "postgres",
-		open: func(t *testing.T) (*fenced.Store, *fenced.Store, func()) {
+		open: func(t testing.TB) (*fenced.Store, *fenced.Store, func()) {
 			lossy, arm := drivertest.LoseReplies(open(t))
 			return newStore(t, open(t)), newStore(t, lossy), arm
 		},

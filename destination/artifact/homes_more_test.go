@@ -18,7 +18,7 @@ import (
 // MariaDB (or MySQL) and Redis as the pointers' home. etcd is not in the matrix yet: its tests
 // start an in-process cluster that lives in the etcd backend's test files.
 
-func mariadbHome(t *testing.T) home {
+func mariadbHome(t testing.TB) home {
 	server := drivertest.ServerURL(t, "FENCED_TEST_MYSQL", "mysql://root@127.0.0.1:3306/test", func(u string) error {
 		d, err := mysql.Open(u)
 		if err != nil {
@@ -50,7 +50,7 @@ func mariadbHome(t *testing.T) home {
 		t.Fatal(err)
 	}
 	u.Path = "/" + name
-	open := func(t *testing.T) *mysql.Driver {
+	open := func(t testing.TB) *mysql.Driver {
 		d, err := mysql.Open(u.String())
 		if err != nil {
 			t.Fatal(err)
@@ -59,7 +59,7 @@ func mariadbHome(t *testing.T) home {
 	}
 	return home{
 		name: "mariadb",
-		open: func(t *testing.T) (*fenced.Store, *fenced.Store, func()) {
+		open: func(t testing.TB) (*fenced.Store, *fenced.Store, func()) {
 			lossy, arm := drivertest.LoseReplies(open(t))
 			return newStore(t, open(t)), newStore(t, lossy), arm
 		},
@@ -83,7 +83,7 @@ end
 return 1
 `)
 
-func redisHome(t *testing.T) home {
+func redisHome(t testing.TB) home {
 	base := drivertest.ServerURL(t, "FENCED_TEST_REDIS", "redis://127.0.0.1:6379/0", func(u string) error {
 		opt, err := goredis.ParseURL(u)
 		if err != nil {
@@ -103,7 +103,7 @@ func redisHome(t *testing.T) home {
 	q := u.Query()
 	q.Set("key_prefix", prefix)
 	u.RawQuery = q.Encode()
-	open := func(t *testing.T) *redis.Driver {
+	open := func(t testing.TB) *redis.Driver {
 		d, err := redis.Open(u.String())
 		if err != nil {
 			t.Fatal(err)
@@ -129,7 +129,7 @@ func redisHome(t *testing.T) home {
 	})
 	return home{
 		name: "redis",
-		open: func(t *testing.T) (*fenced.Store, *fenced.Store, func()) {
+		open: func(t testing.TB) (*fenced.Store, *fenced.Store, func()) {
 			// The shared test server runs without persistence; durability is not under test here.
 			cfg := &fenced.Config{AllowNonDurable: true}
 			lossy, arm := drivertest.LoseReplies(open(t))
