@@ -81,7 +81,7 @@ func benchArtifact(b *testing.B, h namedHome, impl string, size int64) {
 	b.ResetTimer()
 	for i := 0; i < b.N; i++ {
 		start, startCPU := time.Now(), cpuTime(b)
-		lease, err := s.Acquire(ctx, res, time.Minute)
+		lease, err := s.Acquire(ctx, res, 10*time.Minute) // a 1 GiB upload on a loaded machine took over a minute
 		if err != nil {
 			b.Fatal(err)
 		}
