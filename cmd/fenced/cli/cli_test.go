@@ -5,6 +5,7 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/json"
+	"flag"
 	"fmt"
 	"net/url"
 	"os"
@@ -26,7 +27,19 @@ import (
 // bin is the fenced binary under test, built once by TestMain.
 var bin string
 
+// defaultParallel is how many of this package's parallel tests run at once unless -parallel
+// says otherwise. Most of them wait: on the fenced binary in a child process, on a torture run
+// of fixed duration, on a server starting. GOMAXPROCS (2 on the CI machines) ran them two at a
+// time and made this package most of the suite's wall time.
+const defaultParallel = 3
+
 func TestMain(m *testing.M) {
+	flag.Parse()
+	parallelSet := false
+	flag.Visit(func(f *flag.Flag) { parallelSet = parallelSet || f.Name == "test.parallel" })
+	if !parallelSet {
+		_ = flag.Set("test.parallel", strconv.Itoa(defaultParallel))
+	}
 	dir, err := os.MkdirTemp("", "fenced-cli-test-")
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)

@@ -130,6 +130,7 @@ func mustExec(t *testing.T, db *sql.DB, stmts ...string) {
 // would bypass it), reads work through the command, every write fails with one sentence, and
 // a schema that needs migrating is refused there, saying why.
 func TestMariaDBReadOnlyReplica(t *testing.T) {
+	t.Parallel()
 	port, root := startMariaDB(t)
 	mustExec(t, root,
 		"CREATE DATABASE fenced_ro", "CREATE DATABASE fenced_unmigrated",

@@ -27,6 +27,7 @@ const readOnlySentence = "the database server is read-only (a standby or replica
 // epoch bump", the old holder's lease is refused (exit 5) naming both incarnations, and the
 // next acquisition gets the next generation in the new epoch.
 func TestHotStandbyAndPromotion(t *testing.T) {
+	t.Parallel()
 	pg := newPGServers(t)
 	primary := pg.primary("primary")
 	primary.start()
@@ -170,6 +171,7 @@ func libraryReads(t *testing.T, url, res string, generation int64, payload []byt
 // on every backend with a server, and soon: a command that waits for a connection until it is
 // killed exits -1, not 1 (etcd's client, unless told otherwise, waits forever).
 func TestUnreachableServer(t *testing.T) {
+	t.Parallel()
 	lease := leaseOut{Owner: "OWNER", Epoch: 2, Generation: 3}
 	for _, c := range []struct {
 		server string // as the message names it
@@ -181,6 +183,7 @@ func TestUnreachableServer(t *testing.T) {
 		{"etcd", func(a string) string { return "etcd://" + a }},
 	} {
 		t.Run(c.server, func(t *testing.T) {
+			t.Parallel()
 			addr := drivertest.ClosedAddr(t) // nothing listens there
 			tg := target{t: t, url: c.url(addr), dir: t.TempDir()}
 			want := fmt.Sprintf("cannot connect to the %s server at %s: connection refused", c.server, addr)

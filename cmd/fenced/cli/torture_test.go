@@ -191,6 +191,7 @@ func TestTortureInterrupted(t *testing.T) {
 }
 
 func TestTortureUsage(t *testing.T) {
+	t.Parallel()
 	dir := t.TempDir()
 	for _, args := range [][]string{
 		{"torture", "--duration", "1s"},
