@@ -37,6 +37,7 @@ import (
 	"os"
 	"path/filepath"
 	"runtime/debug"
+	"runtime/pprof"
 	"slices"
 	"sort"
 	"strings"
@@ -65,6 +66,7 @@ var (
 	only    = flag.String("only", "", "comma-separated system names to run (default: all)")
 	skipTTL = flag.Bool("skip-stale", false, "skip the stale-write workload (it waits for TTLs)")
 	aheadB  = flag.Duration("etcd-ahead-bound", 0, "fenced etcd's Options.AheadBound (0: its default)")
+	cpuProf = flag.String("cpuprofile", "", "write a CPU profile of the rounds (not of the setup) to this file")
 )
 
 // errBusy is a refused try.
@@ -105,6 +107,17 @@ func main() {
 	results := map[string]*result{}
 	for _, s := range systems {
 		results[s.name] = &result{}
+	}
+	if *cpuProf != "" {
+		f, err := os.Create(*cpuProf)
+		if err == nil {
+			err = pprof.StartCPUProfile(f)
+		}
+		if err != nil {
+			fmt.Fprintln(os.Stderr, "peers: cpu profile:", err)
+			os.Exit(1)
+		}
+		defer pprof.StopCPUProfile()
 	}
 	for round := range *rounds {
 		for _, s := range systems {
