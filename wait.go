@@ -43,20 +43,36 @@ const (
 // lease's TTL) wakes the first waiter of every Store at once, while the Store's listening
 // connection is up; without it, the waiters fall back to the polling above
 // (drivertest's WaiterWokenBySignal and WaiterRetriesAtExpiry).
-func (s *Store) AcquireWait(ctx context.Context, resource string, ttl time.Duration) (*Lease, error) {
+func (s *Store) AcquireWait(ctx context.Context, resource string, ttl time.Duration, opts ...WaitOption) (*Lease, error) {
 	if err := validResource(resource); err != nil {
 		return nil, err
 	}
 	if _, err := s.margin(ttl); err != nil {
 		return nil, err
 	}
+	var o waitOptions
+	for _, opt := range opts {
+		opt(&o)
+	}
 	w := s.waits.join(resource)
 	defer s.waits.leave(resource, w)
 	select {
 	case <-w.turn:
-	case <-ctx.Done():
-		return nil, fmt.Errorf("acquire %q: gave up waiting for the waiters before it: %w", resource, ctx.Err())
+	default:
+		o.waiting() // queued behind an earlier waiter
+		select {
+		case <-w.turn:
+		case <-ctx.Done():
+			return nil, fmt.Errorf("acquire %q: gave up waiting for the waiters before it: %w", resource, ctx.Err())
+		}
 	}
+	// The attempts run in a function of their own: its frame is large, and a waiter queued
+	// behind others (thousands of them, in a service) then waits on a small stack.
+	return s.acquireWaitTurn(ctx, resource, ttl, w, &o)
+}
+
+// acquireWaitTurn is AcquireWait once the waiter is the first of its resource.
+func (s *Store) acquireWaitTurn(ctx context.Context, resource string, ttl time.Duration, w *waiter, o *waitOptions) (*Lease, error) {
 	// Subscribed before the first attempt, so that a release between a busy answer and the
 	// sleep that follows still wakes this waiter.
 	var freed <-chan struct{}
@@ -88,6 +104,7 @@ func (s *Store) AcquireWait(ctx context.Context, resource string, ttl time.Durat
 			cancel()
 			return l, err
 		}
+		o.waiting()
 		delay := poll
 		if st, rerr := s.Show(actx, resource); rerr == nil {
 			// Free by now (the lease ran out or was released since the busy answer): retry
@@ -124,6 +141,28 @@ func (s *Store) AcquireWait(ctx context.Context, resource string, ttl time.Durat
 		}
 	}
 }
+
+// WaitOption adjusts one AcquireWait.
+type WaitOption func(*waitOptions)
+
+type waitOptions struct {
+	onWaiting func()
+}
+
+// waiting calls the OnWaiting function the first time only.
+func (o *waitOptions) waiting() {
+	if f := o.onWaiting; f != nil {
+		o.onWaiting = nil
+		f()
+	}
+}
+
+// OnWaiting makes AcquireWait call f once, on the caller's goroutine, when the acquisition
+// first has to wait: when it queues behind an earlier waiter of the same Store, or after its
+// first busy answer (before it sleeps). It is not called when the first attempt is granted or
+// fails with another error. f must return quickly; the service uses it to take a request's
+// connection over from net/http only when the request does wait.
+func OnWaiting(f func()) WaitOption { return func(o *waitOptions) { o.onWaiting = f } }
 
 // waitQueues holds the waiters of one Store, per resource, in arrival order. The zero value
 // is ready to use.

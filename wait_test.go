@@ -310,3 +310,56 @@ func TestAcquireWaitWokenByPostgres(t *testing.T) {
 		}
 	}
 }
+
+// TestAcquireWaitOnWaiting: OnWaiting's function runs once when the acquisition has to wait
+// (after a busy answer, or queued behind an earlier waiter), and not when it is granted at once.
+func TestAcquireWaitOnWaiting(t *testing.T) {
+	s := waitStore(t, filepath.Join(t.TempDir(), "w.db"))
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	if err := s.Provision(ctx, waitResource); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.BumpEpoch(ctx); err != nil {
+		t.Fatal(err)
+	}
+	var calls [3]int
+	holder, err := s.AcquireWait(ctx, waitResource, time.Hour, OnWaiting(func() { calls[0]++ }))
+	if err != nil || calls[0] != 0 {
+		t.Fatalf("granted at once: %v, OnWaiting called %d times", err, calls[0])
+	}
+	waiting := make(chan int, 2)
+	granted := make(chan *Lease, 2)
+	for i := 1; i <= 2; i++ {
+		go func() {
+			l, err := s.AcquireWait(ctx, waitResource, time.Hour, OnWaiting(func() { calls[i]++; waiting <- i }))
+			if err != nil {
+				t.Error(err)
+			}
+			granted <- l
+		}()
+		select {
+		case got := <-waiting: // 1 after its busy answer, 2 queued behind 1
+			if got != i {
+				t.Fatalf("waiter %d said it waits, want %d", got, i)
+			}
+		case <-ctx.Done():
+			t.Fatalf("waiter %d never said it waits", i)
+		}
+	}
+	if err := holder.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	for range 2 {
+		l := <-granted
+		if l == nil {
+			t.FailNow()
+		}
+		if err := l.Release(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if calls != [3]int{0, 1, 1} {
+		t.Fatalf("OnWaiting calls %v, want once per waiter that waited", calls)
+	}
+}

@@ -1,10 +1,18 @@
 package server_test
 
 import (
+	"bufio"
 	"context"
+	"encoding/json"
 	"fmt"
+	"io"
 	"log/slog"
+	"net"
+	"net/http"
+	"os"
 	"runtime"
+	"slices"
+	"strconv"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -15,9 +23,12 @@ import (
 
 // BenchmarkCycle is one acquire → publish-and-release cycle, through the library on the
 // database directly and through a service on the same database (HTTP/1.1 on loopback, the
-// remote driver), so that the service's cost is read as a ratio in one run:
+// remote driver), so that the service's cost is read as a ratio in one run. -count repeats a
+// sub-benchmark back to back, so the rounds are sub-benchmarks of their own
+// (FENCED_BENCH_ROUNDS, default 5): within each round the two take turns at each client
+// count, and a ratio compares neighbours in time:
 //
-//	go test -run '^$' -bench Cycle -count 6 ./server | benchstat -col /impl -
+//	go test -run '^$' -bench Cycle -benchtime 300x ./server
 //
 // "clients=N" runs N clients at once (goroutines, each on a resource of its own; through the
 // service they share the remote driver's keep-alive connections), and reports cycles/s.
@@ -33,17 +44,26 @@ func BenchmarkCycle(b *testing.B) {
 			direct := newStore(b, back.open(b))
 			h := startServerWith(b, newStore(b, back.open(b)), &server.Options{Logger: slog.New(slog.DiscardHandler)}, false)
 			remoteS := remoteStore(b, h, "")
-			for _, impl := range []struct {
-				name  string
-				store *fenced.Store
-			}{{"library", direct}, {"service", remoteS}} {
-				b.Run("impl="+impl.name, func(b *testing.B) { cycle(b, impl.store, impl.name, 1) })
-				for _, n := range []int{16, 64} {
-					b.Run(fmt.Sprintf("impl=%s/clients=%d", impl.name, n), func(b *testing.B) { cycle(b, impl.store, impl.name, n) })
+			for round := range benchRounds() {
+				for _, n := range []int{1, 16, 64} {
+					for _, impl := range []struct {
+						name  string
+						store *fenced.Store
+					}{{"library", direct}, {"service", remoteS}} {
+						b.Run(fmt.Sprintf("round=%d/clients=%d/impl=%s", round+1, n, impl.name), func(b *testing.B) { cycle(b, impl.store, impl.name, n) })
+					}
 				}
 			}
 		})
 	}
+}
+
+// benchRounds is FENCED_BENCH_ROUNDS, default 5.
+func benchRounds() int {
+	if n, err := strconv.Atoi(os.Getenv("FENCED_BENCH_ROUNDS")); err == nil && n > 0 {
+		return n
+	}
+	return 5
 }
 
 var benchRun atomic.Int64
@@ -86,4 +106,160 @@ func cycle(b *testing.B, s *fenced.Store, name string, clients int) {
 			one(resource)
 		}
 	})
+}
+
+// BenchmarkHandoverService measures the clean handover on PostgreSQL through a service and
+// through the library, in one process, taking turns in each round (FENCED_BENCH_ROUNDS). The
+// time is from the start of the holder's release to the grant in the waiter's hands:
+//
+//   - waiter=service/release=service: the waiter is a client waiting with wait_ms on a
+//     connection of its own (parked by the service); the holder releases through the same
+//     service, which wakes its waiter itself. The time ends when the client has read the answer.
+//   - waiter=service/release=library: the holder is a store of its own on the database, as
+//     another process; the service's waiter is woken by PostgreSQL's NOTIFY.
+//   - waiter=library/release=library: no service: a waiter in Store.AcquireWait on a store
+//     of its own, woken by NOTIFY (as BenchmarkHandover in the root package).
+//   - baseline: nothing waits: the holder releases through the service and the next client's
+//     acquisition is sent through the service the moment the release returns (two requests).
+//
+// Waiting stores poll hourly, so only the release wakes them. It reports p50 and p99:
+//
+//	go test -run '^$' -bench HandoverService -benchtime 200x ./server
+func BenchmarkHandoverService(b *testing.B) {
+	back := postgresBacking(b)
+	hourly := &fenced.Config{WaitPollMin: time.Hour, WaitPollMax: time.Hour}
+	open := func(cfg *fenced.Config) *fenced.Store {
+		s, err := fenced.New(testCtx(b), back.open(b), cfg)
+		if err != nil {
+			b.Fatal(err)
+		}
+		b.Cleanup(func() { _ = s.Close() })
+		return s
+	}
+	svcStore := open(hourly)
+	srv, err := server.New(svcStore, &server.Options{Logger: slog.New(slog.DiscardHandler)})
+	if err != nil {
+		b.Fatal(err)
+	}
+	parked := make(chan struct{}, 1)
+	server.SetHook(srv, func(e string) {
+		if e == "parked" {
+			parked <- struct{}{}
+		}
+	})
+	h := startServerWith(b, svcStore, nil, false)
+	hd := srv.Handler()
+	h.handler.Store(&hd)
+	viaService := remoteStore(b, h, "")
+	library := open(nil)
+	libraryWaiter := open(hourly)
+	ctx := context.Background()
+	const resource = "handover ü"
+	if err := library.Provision(ctx, resource); err != nil {
+		b.Fatal(err)
+	}
+	if _, err := library.BumpEpoch(ctx); err != nil {
+		b.Fatal(err)
+	}
+	body := `{"ttl_ms":60000,"wait_ms":60000}`
+	request := fmt.Sprintf("POST /v1/resources/handover%%20%%C3%%BC/acquire HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s", len(body), body)
+
+	// serviceWaiter waits through the service; ready returns once it is parked, done returns
+	// its lease once its client has read the answer.
+	serviceWaiter := func() (ready func(), done func() *fenced.Lease) {
+		conn, err := net.Dial("tcp", h.addr)
+		if err != nil {
+			b.Fatal(err)
+		}
+		if _, err := io.WriteString(conn, request); err != nil {
+			b.Fatal(err)
+		}
+		return func() { <-parked }, func() *fenced.Lease {
+			defer conn.Close()
+			resp, err := http.ReadResponse(bufio.NewReader(conn), nil)
+			if err != nil {
+				b.Fatal(err)
+			}
+			defer resp.Body.Close()
+			var got server.Lease
+			if err := json.NewDecoder(resp.Body).Decode(&got); err != nil || resp.StatusCode != http.StatusOK {
+				b.Fatalf("the waiter: %d %v", resp.StatusCode, err)
+			}
+			l, err := viaService.LeaseFor(resource, got.Owner, fenced.Token{Epoch: got.Epoch, Generation: got.Generation})
+			if err != nil {
+				b.Fatal(err)
+			}
+			return l
+		}
+	}
+	// storeWaiter waits in AcquireWait on a store of its own.
+	storeWaiter := func() (ready func(), done func() *fenced.Lease) {
+		waiting := make(chan struct{})
+		granted := make(chan *fenced.Lease, 1)
+		go func() {
+			l, err := libraryWaiter.AcquireWait(ctx, resource, time.Minute, fenced.OnWaiting(func() { close(waiting) }))
+			if err != nil {
+				b.Error(err)
+			}
+			granted <- l
+		}()
+		return func() { <-waiting }, func() *fenced.Lease {
+			l := <-granted
+			if l == nil {
+				b.FailNow()
+			}
+			return l
+		}
+	}
+	modes := []struct {
+		name    string
+		holders *fenced.Store
+		waiter  func() (func(), func() *fenced.Lease)
+	}{
+		{"baseline", viaService, nil},
+		{"waiter=service/release=service", viaService, serviceWaiter},
+		{"waiter=service/release=library", library, serviceWaiter},
+		{"waiter=library/release=library", library, storeWaiter},
+	}
+	for round := range benchRounds() {
+		for _, m := range modes {
+			b.Run(fmt.Sprintf("round=%d/%s", round+1, m.name), func(b *testing.B) {
+				gaps := make([]time.Duration, 0, b.N)
+				b.ResetTimer()
+				for range b.N {
+					holder, err := m.holders.Acquire(ctx, resource, time.Hour)
+					if err != nil {
+						b.Fatal(err)
+					}
+					var start time.Time
+					var next *fenced.Lease
+					if m.waiter == nil {
+						start = time.Now()
+						if err := holder.Release(ctx); err != nil {
+							b.Fatal(err)
+						}
+						if next, err = viaService.Acquire(ctx, resource, time.Minute); err != nil {
+							b.Fatal(err)
+						}
+					} else {
+						ready, done := m.waiter()
+						ready()
+						start = time.Now()
+						if err := holder.Release(ctx); err != nil {
+							b.Fatal(err)
+						}
+						next = done()
+					}
+					gaps = append(gaps, time.Since(start))
+					if err := next.Release(ctx); err != nil {
+						b.Fatal(err)
+					}
+				}
+				b.StopTimer()
+				slices.Sort(gaps)
+				b.ReportMetric(float64(gaps[len(gaps)/2].Microseconds()), "p50-µs")
+				b.ReportMetric(float64(gaps[len(gaps)*99/100].Microseconds()), "p99-µs")
+			})
+		}
+	}
 }

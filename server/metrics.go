@@ -43,7 +43,7 @@ func newMetrics() *metrics {
 		Help: "Time to answer a request, by operation (waiting acquisitions included).", Buckets: prometheus.ExponentialBuckets(0.0005, 2, 16)},
 		[]string{"operation"})
 	m.waits = prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "fenced_wait_seconds",
-		Help: "Time a waiting acquisition waited, by result (granted, busy, other).", Buckets: prometheus.ExponentialBuckets(0.001, 2, 20)},
+		Help: "Time a waiting acquisition waited, by result (granted, busy, gone: the client hung up, other).", Buckets: prometheus.ExponentialBuckets(0.001, 2, 20)},
 		[]string{"result"})
 	m.waiters = prometheus.NewGauge(prometheus.GaugeOpts{Name: "fenced_waiters", Help: "Acquisitions waiting now."})
 	m.dbErrors = prometheus.NewCounter(prometheus.CounterOpts{Name: "fenced_database_errors_total",
@@ -70,6 +70,11 @@ type recorder struct {
 	http.ResponseWriter
 	status int
 	prob   *Problem
+	// finish counts and logs the answer; it runs when the handler returns, or, for a parked
+	// waiter (parked set), once the waiter has answered on the connection it took over.
+	finish func()
+	parked bool
+	gone   bool // a waiting client hung up before its answer; nothing was written
 }
 
 func (r *recorder) WriteHeader(status int) {
@@ -109,6 +114,8 @@ func (m *metrics) observe(op string, rec *recorder, took time.Duration) {
 		if rec.prob.Status >= 500 {
 			m.dbErrors.Inc()
 		}
+	} else if rec.gone {
+		outcome = "client-gone"
 	} else if op == "acquire" && rec.status == http.StatusOK {
 		m.acquired.Inc()
 	}

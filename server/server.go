@@ -92,14 +92,16 @@ type Server struct {
 	recent   recent          // for the dashboard
 	stopping context.Context // cancelled by StopWaiting
 	stop     context.CancelFunc
+	parked   parkedSet // waiters on connections taken over from net/http
+	// hook, set by tests before the first request, sees the parked waiters' moments.
+	hook func(event string)
 }
-
-// errShuttingDown ends the waits of a server that is shutting down.
-var errShuttingDown = errors.New("the service is shutting down")
 
 // StopWaiting ends every waiting acquisition with 503 shutting-down (Retry-After), and makes
 // new ones fail the same way, so that a graceful shutdown (http.Server.Shutdown) does not wait
-// for them. Requests that do not wait are not affected.
+// for them. Requests that do not wait are not affected. It does not wait for the answers:
+// http.Server.Shutdown waits for those of ordinary requests, WaitAnswered for those of the
+// waiters whose connections the service took over from net/http.
 func (s *Server) StopWaiting() { s.stop() }
 
 // New returns a Server over store, which stays the caller's to close.
@@ -177,17 +179,31 @@ func (s *Server) handle(pattern, op string, need Role, h http.HandlerFunc) {
 		start := time.Now()
 		s.metrics.inflight.Inc()
 		w := &recorder{ResponseWriter: rw}
-		defer func() {
+		// The closure holds strings, not r: a parked waiter keeps it until it answers, and r
+		// holds net/http's connection with its buffers.
+		name, path := r.PathValue("name"), ""
+		if s.log.Enabled(r.Context(), slog.LevelDebug) {
+			path = r.URL.EscapedPath()
+		}
+		w.finish = func() {
 			took := time.Since(start)
 			s.metrics.inflight.Dec()
 			s.metrics.observe(op, w, took)
-			s.recent.remember(op, r.PathValue("name"), w)
+			s.recent.remember(op, name, w)
 			outcome := "ok"
-			if w.prob != nil {
+			switch {
+			case w.prob != nil:
 				outcome = w.prob.Type
+			case w.gone:
+				outcome = "client-gone"
 			}
 			s.log.Debug("fenced serve: request", "request_id", w.Header().Get(headerRequestID), "operation", op,
-				"path", r.URL.EscapedPath(), "status", w.status, "outcome", outcome, "duration", took)
+				"path", path, "status", w.status, "outcome", outcome, "duration", took)
+		}
+		defer func() {
+			if !w.parked { // else the parked waiter finishes when it answers
+				w.finish()
+			}
 		}()
 		w.Header().Set(headerRequestID, rand.Text()[:16])
 		p, prob := s.authenticate(r)
@@ -195,7 +211,7 @@ func (s *Server) handle(pattern, op string, need Role, h http.HandlerFunc) {
 			writeProblem(w, r, *prob)
 			return
 		}
-		if prob := p.authorize(need, r.PathValue("name")); prob != nil {
+		if prob := p.authorize(need, name); prob != nil {
 			writeProblem(w, r, *prob)
 			return
 		}
@@ -458,50 +474,6 @@ func (s *Server) acquire(w http.ResponseWriter, r *http.Request) {
 	t := fenced.Token{Epoch: g.Epoch, Generation: g.Generation}
 	writeJSON(w, http.StatusOK, Lease{Resource: resource, Owner: req.Owner, Token: t.String(), Epoch: g.Epoch,
 		Generation: g.Generation, LeaseUntil: g.LeaseUntil})
-}
-
-// acquireWait waits up to wait for the lease. The wait ends early when the client hangs up or
-// the service shuts down (503 shutting-down); at its end the resource is still busy (409).
-func (s *Server) acquireWait(w http.ResponseWriter, r *http.Request, resource string, ttl, wait time.Duration) {
-	shuttingDown := func() {
-		writeProblem(w, r, Problem{Type: TypeShuttingDown, Status: http.StatusServiceUnavailable,
-			Title: "the service is shutting down", Detail: "the wait ended because the service is shutting down; retry later or elsewhere", Applied: &no})
-	}
-	if s.stopping.Err() != nil {
-		shuttingDown()
-		return
-	}
-	ctx, cancel := context.WithCancelCause(r.Context())
-	defer cancel(nil)
-	defer context.AfterFunc(s.stopping, func() { cancel(errShuttingDown) })()
-	ctx, cancelWait := context.WithTimeout(ctx, wait)
-	defer cancelWait()
-	s.metrics.waiters.Inc()
-	began := time.Now()
-	l, err := s.store.AcquireWait(ctx, resource, ttl)
-	s.metrics.waiters.Dec()
-	result := "other"
-	switch {
-	case err == nil:
-		result = "granted"
-	case errors.Is(err, fenced.ErrBusy):
-		result = "busy"
-	}
-	s.metrics.waits.WithLabelValues(result).Observe(time.Since(began).Seconds())
-	if err == nil {
-		s.metrics.granted(resource)
-	}
-	if err != nil {
-		// Not an unknown outcome: a statement cut short by the shutdown stays unknown.
-		if errors.Is(context.Cause(ctx), errShuttingDown) && !errors.Is(err, fenced.ErrOutcomeUnknown) {
-			shuttingDown()
-			return
-		}
-		s.fail(w, r, err, true)
-		return
-	}
-	writeJSON(w, http.StatusOK, Lease{Resource: resource, Owner: l.Owner(), Token: l.Token().String(), Epoch: l.Epoch(),
-		Generation: l.Generation(), LeaseUntil: l.LeaseUntil()})
 }
 
 // ready answers 200 when the database answers a read, with its durability warnings.

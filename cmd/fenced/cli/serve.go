@@ -164,6 +164,10 @@ func (a *app) serve(cmd *cobra.Command, f serveFlags) error {
 	if err := hs.Shutdown(ctx); err != nil {
 		return fmt.Errorf("serve: shutting down: %w", err)
 	}
+	// Shutdown does not wait for the connections the service took over from waiters.
+	if err := srv.WaitAnswered(ctx); err != nil {
+		return fmt.Errorf("serve: shutting down: waiting acquisitions not answered: %w", err)
+	}
 	if err := <-served; !errors.Is(err, http.ErrServerClosed) {
 		return fmt.Errorf("serve: %w", err)
 	}

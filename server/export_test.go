@@ -1,0 +1,5 @@
+package server
+
+// SetHook makes f see the parked waiters' moments ("parked", "gone", "released", "answered").
+// Set it before the first request.
+func SetHook(s *Server, f func(event string)) { s.hook = f }
