@@ -18,8 +18,9 @@ import (
 //
 // flock grants a shared lock whenever no exclusive one is held, even while an exclusive
 // request waits: with many workers there is almost always a request in flight, and a nemesis
-// waiting for a moment with none can wait forever (it did: at 24 workers the restore fault
-// gave up after 10 s, every time, on the SQL backends). So a request first passes a
+// waiting for a moment with none can wait forever (it did: at 24 workers on SQLite the
+// restore's hold gave up after 10 s, or got its moment so late that the restore ran after the
+// workers had stopped). So a request first passes a
 // turnstile, a second file it holds shared only for the two calls of Enter; the nemesis
 // closes the turnstile (exclusively: it waits only for a worker inside Enter), then waits
 // for the requests in flight to return, none can start meanwhile.
