@@ -17,13 +17,13 @@ import (
 	"time"
 )
 
-// TestTortureEveryBackend is make torture: each backend for FENCED_TORTURE_TIME (default 60s)
+// TestTortureEveryBackend is make torture: each backend for FENCED_TORTURE_TIME (default 7m)
 // with every fault that applies to it, then the unfenced control and the restore control, and
 // one line per backend. It is not part of make test (the build tag keeps it out).
 // FENCED_TORTURE_RESTART=1 adds the restart fault for PostgreSQL and MariaDB, which restarts
 // the shared server: only on a machine where nothing else uses it.
 func TestTortureEveryBackend(t *testing.T) {
-	d, err := time.ParseDuration(envOr("FENCED_TORTURE_TIME", "60s"))
+	d, err := time.ParseDuration(envOr("FENCED_TORTURE_TIME", "7m"))
 	if err != nil {
 		t.Fatalf("FENCED_TORTURE_TIME: %v", err)
 	}
