@@ -345,9 +345,14 @@ func (t *tortureRun) restoreFault(ctx context.Context, f torture.Fault) {
 	event := func(begin int64, detail string) {
 		_ = t.nem.Write(torture.Record{Kind: torture.KindEvent, Event: torture.FaultRestore, Time: begin, EndTime: torture.Now(), Detail: detail})
 	}
+	// A restore that did not happen is not counted as injected (the report says it failed).
+	failed := func(begin int64, err error) {
+		_ = t.nem.Write(torture.Record{Kind: torture.KindEvent, Event: torture.FaultRestore, Time: begin, EndTime: torture.Now(),
+			Detail: "not restored", Err: err.Error()})
+	}
 	begin := torture.Now()
 	if err := t.barrier.Hold(ctx, 10*time.Second); err != nil {
-		event(begin, "copy: "+err.Error())
+		failed(begin, fmt.Errorf("copy: %w", err))
 		return
 	}
 	var snap map[string]torture.State
@@ -358,10 +363,10 @@ func (t *tortureRun) restoreFault(ctx context.Context, f torture.Fault) {
 			return torture.Record{Out: torture.OutOK, StoreEpoch: s.Epoch, Gen: s.Generation, ReadOwner: s.Owner,
 				ReadPub: s.PublishedGeneration, Payload: s.Payload}
 		})
-	t.barrier.Leave()
+	t.barrier.Release()
 	copied := torture.Now()
 	if err != nil {
-		event(begin, err.Error())
+		failed(begin, err)
 		return
 	}
 	_ = t.nem.Write(torture.Record{Kind: torture.KindEvent, Event: eventCopy, Time: begin, EndTime: copied,
@@ -370,10 +375,10 @@ func (t *tortureRun) restoreFault(ctx context.Context, f torture.Fault) {
 		return
 	}
 	if err := t.barrier.Hold(ctx, 10*time.Second); err != nil {
-		event(begin, "restore: "+err.Error())
+		failed(begin, fmt.Errorf("restore: %w", err))
 		return
 	}
-	defer t.barrier.Leave()
+	defer t.barrier.Release()
 	restoring := torture.Now()
 	err = t.nemesisOps(func(res string) torture.Record {
 		s := snap[res]
@@ -382,7 +387,7 @@ func (t *tortureRun) restoreFault(ctx context.Context, f torture.Fault) {
 	}, func() error { return t.copier.restore(ctx) },
 		func(string) torture.Record { return torture.Record{Out: torture.OutOK} })
 	if err != nil {
-		event(restoring, err.Error())
+		failed(restoring, err)
 		return
 	}
 	how := "then the epoch bumped"

@@ -85,6 +85,11 @@ Faults (--faults, comma-separated; default: every one that applies to the databa
   partition   set --partition-dev down for 1-3s, then up: the host side of a veth pair to a
               network namespace the database server runs in (see docs/TORTURE.md); needs
               root and --partition-dev
+  delay       put a TCP proxy of the run's own between the workers and the server, and make
+              it delay every byte (a latency with jitter, for 1-3s), stall about half the
+              connections (nothing passes for longer than any TTL, then everything held goes
+              through late: loss as TCP sees it) or reset about half of them; every backend
+              with a host:port (not SQLite)
   bump        fenced epoch bump while the workers run (every lease of the store is freed)
   restore     copy the torture's rows and the epoch with the workers held at a barrier, let them
               go on 2-4s, hold them again, restore the copy and bump the epoch (SQLite,
@@ -142,8 +147,11 @@ Exit code 7: violations found.`,
 
 // faultPlan says which faults apply to a database, and why the others do not. restartErr is
 // why the database's server cannot be restarted from here (nil when it can).
-func faultPlan(scheme string, restartErr, restoreErr, partitionErr error, ownStore, explicit bool, requested []string) (use []string, notApplicable map[string]string) {
+func faultPlan(scheme string, restartErr, restoreErr, partitionErr, delayErr error, ownStore, explicit bool, requested []string) (use []string, notApplicable map[string]string) {
 	why := map[string]string{}
+	if delayErr != nil {
+		why[torture.FaultDelay] = delayErr.Error()
+	}
 	if partitionErr != nil {
 		why[torture.FaultPartition] = partitionErr.Error()
 	}
@@ -328,7 +336,7 @@ func (a *app) torture(cmd *cobra.Command, o tortureOptions) error {
 		}
 		partitionErr = nil
 	}
-	faults, notApplicable := faultPlan(scheme, restartErr, restoreApplies(scheme), partitionErr, ownStore, explicit, requested)
+	faults, notApplicable := faultPlan(scheme, restartErr, restoreApplies(scheme), partitionErr, delayApplies(scheme, url), ownStore, explicit, requested)
 	if explicit {
 		// A fault named in --faults that cannot be injected here is refused, by name.
 		for _, f := range requested {
@@ -426,7 +434,19 @@ func (a *app) torture(cmd *cobra.Command, o tortureOptions) error {
 		o.seed, o.duration, o.workers, o.resources, where, mode, orNone(strings.Join(faults, ",")), len(plan))
 	fmt.Fprintf(a.stdout, "histories in %s\n", hist)
 
-	t := &tortureRun{a: a, o: o, exe: exe, url: url, clockFile: clockFile, hist: hist, resources: resources,
+	workerURL, proxies := url, []*torture.Proxy(nil)
+	if contains(faults, torture.FaultDelay) {
+		if proxies, workerURL, err = startProxies(url, o.seed); err != nil {
+			return err
+		}
+		defer func() {
+			for _, p := range proxies {
+				_ = p.Close()
+			}
+		}()
+		fmt.Fprintln(a.stdout, proxyNote(proxies))
+	}
+	t := &tortureRun{a: a, o: o, exe: exe, url: url, workerURL: workerURL, proxies: proxies, clockFile: clockFile, hist: hist, resources: resources,
 		faults: faults, procs: make([]*tortureProc, o.workers), restart: restart, copier: copier,
 		barrierPath: filepath.Join(dir, "barrier")}
 	if contains(faults, torture.FaultRestore) {
@@ -510,6 +530,8 @@ type tortureRun struct {
 	a         *app
 	o         tortureOptions
 	exe, url  string
+	workerURL string           // url, or the same through the delay fault's proxies
+	proxies   []*torture.Proxy // the delay fault's, one per address of url
 	clockFile string
 	hist      string
 	resources []string
@@ -725,7 +747,7 @@ func (t *tortureRun) startWorker(ctx context.Context, slot, incarnation int, rem
 	}
 	// The URL goes through the environment, not the command line, where ps would show a password.
 	cmd := exec.Command(t.exe, args...)
-	cmd.Env = append(os.Environ(), "FENCED_DB="+t.url)
+	cmd.Env = append(os.Environ(), "FENCED_DB="+t.workerURL)
 	cmd.SysProcAttr = workerProcAttr()
 	stderr, err := os.Create(filepath.Join(t.hist, name+".stderr"))
 	if err != nil {
@@ -842,6 +864,8 @@ func (t *tortureRun) inject(ctx context.Context, f torture.Fault) {
 		t.partition(ctx, f)
 	case torture.FaultRestore:
 		t.restoreFault(ctx, f)
+	case torture.FaultDelay:
+		t.delay(ctx, f)
 	case torture.FaultClock:
 		us := f.OffsetMs * 1000
 		if err := os.WriteFile(t.clockFile, []byte(strconv.FormatInt(us, 10)+"\n"), 0o644); err != nil {

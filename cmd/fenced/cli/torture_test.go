@@ -25,9 +25,14 @@ const (
 // runTorture runs fenced torture with db as FENCED_DB and returns its exit code and output.
 func runTorture(t *testing.T, db string, args ...string) (int, string) {
 	t.Helper()
+	return runTortureIn(t, t.TempDir(), db, args...)
+}
+
+// runTortureIn is runTorture with the report written in the directory report.
+func runTortureIn(t *testing.T, report, db string, args ...string) (int, string) {
+	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
-	report := t.TempDir()
 	cmd := exec.CommandContext(ctx, bin, append([]string{"torture", "--seed", tortureSeed, "--duration", tortureDuration,
 		"--report", report}, args...)...)
 	cmd.Dir = t.TempDir()
@@ -215,6 +220,8 @@ func TestTortureUsage(t *testing.T) {
 		{"torture", "--workers", "many"},
 		{"torture", "--check-timeout", "-1s"},
 		{"torture", "--faults", "partition"},
+		{"torture", "--faults", "delay"}, // SQLite: no network
+		{"--db", "postgres:///x?host=/var/run/postgresql", "torture", "--faults", "delay"},
 		{"torture", "--partition-dev", "lo"},
 		{"torture", "--restart-cmd", "true"},
 		{"torture", "--mutant", "bogus"},
@@ -235,6 +242,8 @@ func TestTortureUsage(t *testing.T) {
 		"torture --faults restart":                                        "the restart fault does not apply to SQLite",
 		"torture --faults rowlock,pause":                                  "the rowlock fault does not apply to SQLite",
 		"torture --faults partition":                                      "the partition fault does not apply to SQLite",
+		"torture --faults delay,pause":                                    "the delay fault does not apply to SQLite",
+		"--db postgres:///x?host=/tmp torture --faults delay":             "the delay fault does not apply to PostgreSQL: the database URL names no host",
 		"--db postgres://127.0.0.1:1/x torture --faults clock":            "the clock fault does not apply to PostgreSQL",
 		"--db mysql://root@127.0.0.1:1/x torture --faults pause,clock":    "the clock fault does not apply to MariaDB",
 		"--db redis://127.0.0.1:1/0 torture --faults restart":             "the restart fault does not apply to Redis",

@@ -27,10 +27,21 @@ const (
 	// FaultPartition cuts the network between the workers and the database server: the host
 	// side of a veth pair to the server's network namespace is set down, then up again.
 	FaultPartition = "partition"
+	// FaultDelay puts a TCP proxy of the run's own (Proxy) between the workers and the
+	// database server, and makes it delay bytes with jitter, stall connections for longer
+	// than a TTL, or reset them: delays and loss without tc netem.
+	FaultDelay = "delay"
+)
+
+// The delay fault's modes.
+const (
+	DelayLatency = "latency" // every byte late by a base latency ± jitter, for a while
+	DelayStall   = "stall"   // about half the connections pass nothing for longer than a TTL
+	DelayReset   = "reset"   // about half the connections reset (RST) at once
 )
 
 // AllFaults is every fault kind, in the order the help lists them.
-var AllFaults = []string{FaultPause, FaultKill, FaultDropReply, FaultRestart, FaultClock, FaultRowLock, FaultBump, FaultRestore, FaultPartition}
+var AllFaults = []string{FaultPause, FaultKill, FaultDropReply, FaultRestart, FaultClock, FaultRowLock, FaultBump, FaultRestore, FaultPartition, FaultDelay}
 
 // The workers' part of the schedule.
 const (
@@ -72,6 +83,9 @@ type Fault struct {
 	OffsetMs int64         // clock: the database clock's offset from now on
 	Rollback bool          // rowlock: update the row and roll back, rather than only lock it
 	After    time.Duration // restore: how long after the copy it is restored
+	Mode     string        // delay: DelayLatency, DelayStall or DelayReset
+	Latency  time.Duration // delay (latency): the base latency of every byte, each way
+	Jitter   time.Duration // delay (latency): ± this, drawn per chunk
 }
 
 func (f Fault) String() string {
@@ -94,6 +108,14 @@ func (f Fault) String() string {
 		return fmt.Sprintf("%6.2fs bump the epoch", f.At.Seconds())
 	case FaultPartition:
 		return fmt.Sprintf("%6.2fs cut the network to the server for %s", f.At.Seconds(), f.For)
+	case FaultDelay:
+		switch f.Mode {
+		case DelayLatency:
+			return fmt.Sprintf("%6.2fs delay the bytes to and from the server by %s ± %s for %s", f.At.Seconds(), f.Latency, f.Jitter, f.For)
+		case DelayStall:
+			return fmt.Sprintf("%6.2fs stall about half the connections to the server for %s", f.At.Seconds(), f.For)
+		}
+		return fmt.Sprintf("%6.2fs reset about half the connections to the server", f.At.Seconds())
 	}
 	return fmt.Sprintf("%6.2fs %s", f.At.Seconds(), f.Kind)
 }
@@ -106,7 +128,7 @@ func (f Fault) String() string {
 func Plan(seed uint64, duration time.Duration, workers int, faults []string) []Fault {
 	rng := rand.New(rand.NewPCG(seed, 0x6e656d65736973))
 	var kinds, first []string
-	weights := map[string]int{FaultPause: 4, FaultKill: 3, FaultClock: 2, FaultRestart: 1, FaultRowLock: 2, FaultBump: 1, FaultRestore: 2, FaultPartition: 2}
+	weights := map[string]int{FaultPause: 4, FaultKill: 3, FaultClock: 2, FaultRestart: 1, FaultRowLock: 2, FaultBump: 1, FaultRestore: 2, FaultPartition: 2, FaultDelay: 3}
 	for _, f := range faults {
 		for range weights[f] {
 			kinds = append(kinds, f)
@@ -161,6 +183,24 @@ func Plan(seed uint64, duration time.Duration, workers int, faults []string) []F
 			// Longer than the longest TTL: leases expire on the server while their holders
 			// cannot reach it.
 			f.For = TTLMax + 200*time.Millisecond + time.Duration(rng.Int64N(int64(2*time.Second)))
+			busy = f.For
+		case FaultDelay:
+			switch x := rng.Float64(); {
+			case x < 0.45:
+				// Up to a third of the longest TTL each way, so that a request and its
+				// reply can take most of a short lease.
+				f.Mode = DelayLatency
+				f.Latency = time.Duration(5+rng.Int64N(250)) * time.Millisecond
+				f.Jitter = time.Duration(rng.Int64N(int64(f.Latency/time.Millisecond)+1)) * time.Millisecond
+				f.For = time.Second + time.Duration(rng.Int64N(int64(2*time.Second)))
+			case x < 0.8:
+				// Longer than the longest TTL: what a lost segment retransmitted late is,
+				// made long enough that the lease expires while its request is held.
+				f.Mode = DelayStall
+				f.For = TTLMax + 200*time.Millisecond + time.Duration(rng.Int64N(int64(1500*time.Millisecond)))
+			default:
+				f.Mode = DelayReset
+			}
 			busy = f.For
 		case FaultRestore:
 			// The copy, then the workers go on for a few seconds (several generations per
