@@ -38,17 +38,22 @@ func etcdRole(ctx context.Context, d *etcd.Driver, rawURL string, leader bool) (
 		}
 		return strconv.FormatUint(id, 16)
 	}
-	role := func(isLeader bool) string {
-		if isLeader {
-			return "member " + name(self) + " (the leader)"
+	// The role described is the one etcd reports afterwards, not the one asked for.
+	role := func(moved string) (string, error) {
+		st, err := cli.Status(ctx, eps[0])
+		if err != nil {
+			return "", fmt.Errorf("status of %s: %w", eps[0], err)
 		}
-		return "member " + name(self) + " (a follower)"
+		if st.Leader == self {
+			return "member " + name(self) + " (the leader" + moved + ")", nil
+		}
+		return "member " + name(self) + " (a follower" + moved + ")", nil
 	}
 	if len(members.Members) < 2 {
 		return "member " + name(self) + " (the only member: no peers to lose)", nil
 	}
 	if (self == current) == leader {
-		return role(leader), nil
+		return role("")
 	}
 	target := self
 	if !leader {
@@ -86,5 +91,5 @@ func etcdRole(ctx context.Context, d *etcd.Driver, rawURL string, leader bool) (
 	if _, err := ld.Client().MoveLeader(ctx, target); err != nil {
 		return "", fmt.Errorf("move leadership from %s to %s: %w", name(current), name(target), err)
 	}
-	return fmt.Sprintf("%s, leadership moved from %s to %s", role(leader), name(current), name(target)), nil
+	return role(fmt.Sprintf("; leadership moved from %s to %s", name(current), name(target)))
 }
