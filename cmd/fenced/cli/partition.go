@@ -7,6 +7,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/fenced-dev/fenced/backend/etcd"
 	"github.com/fenced-dev/fenced/cmd/fenced/torture"
 )
 
@@ -27,7 +28,22 @@ func setLink(ctx context.Context, dev string, up bool) error {
 // f.For, then up again, also when the run is interrupted meanwhile. Requests in flight stall
 // (TCP retransmits) or fail; the server's clock runs on, so leases expire while their holders
 // cannot reach it.
+//
+// On etcd the link is the one between the clients' member and its peers: the member is made
+// the leader before the first cut, a follower before the second, and so on (etcdRole), and it
+// goes on answering the clients while it cannot reach a quorum.
 func (t *tortureRun) partition(ctx context.Context, f torture.Fault) {
+	what := ""
+	if d, ok := t.drv.(*etcd.Driver); ok {
+		t.partitions++
+		roleCtx, cancel := context.WithTimeout(ctx, 15*time.Second)
+		role, err := etcdRole(roleCtx, d, t.url, t.partitions%2 == 1)
+		cancel()
+		if err != nil {
+			role = "the clients' member (its role not arranged: " + err.Error() + ")"
+		}
+		what = "etcd " + role + " cut off from its peers, clients still talking to it: "
+	}
 	begin := torture.Now()
 	if err := setLink(ctx, t.o.partitionDev, false); err != nil {
 		_ = t.nem.Write(torture.Record{Kind: torture.KindEvent, Event: "error", Detail: "partition: " + err.Error()})
@@ -38,7 +54,7 @@ func (t *tortureRun) partition(ctx context.Context, f torture.Fault) {
 	// the server cut off.
 	upCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
 	defer cancel()
-	detail := fmt.Sprintf("%s down for %s", t.o.partitionDev, f.For)
+	detail := fmt.Sprintf("%s%s down for %s", what, t.o.partitionDev, f.For)
 	if err := setLink(upCtx, t.o.partitionDev, true); err != nil {
 		detail += "; " + err.Error()
 	}

@@ -59,14 +59,9 @@ func commandRestart(scheme, rawURL, command string) (restartFunc, error) {
 	if scheme == "sqlite" {
 		return nil, errors.New("not applicable to SQLite: it is embedded in each process, there is no server to restart")
 	}
-	u, err := url.Parse(rawURL)
-	if err != nil || u.Host == "" {
-		return nil, errors.New("the database URL names no host:port to wait for after the restart")
-	}
-	// etcd URLs list endpoints separated by commas: wait for the first.
-	addr, _, _ := strings.Cut(u.Host, ",")
-	if _, _, err := net.SplitHostPort(addr); err != nil {
-		return nil, fmt.Errorf("the database URL's address %q has no port to wait for after the restart", addr)
+	addr, err := portToWait(rawURL, "restart")
+	if err != nil {
+		return nil, err
 	}
 	return func(ctx context.Context) error {
 		ctx, cancel := context.WithTimeout(ctx, 60*time.Second)
@@ -80,6 +75,21 @@ func commandRestart(scheme, rawURL, command string) (restartFunc, error) {
 		}
 		return nil
 	}, nil
+}
+
+// portToWait is the address whose port torture waits for after the server was restarted (or
+// restored, the fault named by what): the URL's first endpoint.
+func portToWait(rawURL, what string) (string, error) {
+	u, err := url.Parse(rawURL)
+	if err != nil || u.Host == "" {
+		return "", fmt.Errorf("the database URL names no host:port to wait for after the %s", what)
+	}
+	// etcd URLs list endpoints separated by commas: wait for the first.
+	addr, _, _ := strings.Cut(u.Host, ",")
+	if _, _, err := net.SplitHostPort(addr); err != nil {
+		return "", fmt.Errorf("the database URL's address %q has no port to wait for after the %s", addr, what)
+	}
+	return addr, nil
 }
 
 // onThisMachine refuses a server that is not on a loopback address.

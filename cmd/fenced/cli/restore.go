@@ -11,6 +11,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	goredis "github.com/redis/go-redis/v9"
 
+	"github.com/fenced-dev/fenced/backend/etcd"
 	"github.com/fenced-dev/fenced/backend/mysql"
 	"github.com/fenced-dev/fenced/backend/postgres"
 	"github.com/fenced-dev/fenced/backend/redis"
@@ -41,10 +42,21 @@ type storeCopy struct {
 // sqlRows is the copy's rows, read eagerly (the engines' row types differ).
 type sqlRows struct{ rows [][]any }
 
-// newStoreCopy returns the copier for drv, or why the restore fault does not apply.
-func newStoreCopy(drv driver.Driver, runID string, resources []string) (storeCopier, error) {
-	if d, ok := drv.(*redis.Driver); ok {
+// newStoreCopy returns the copier for drv, or why the restore fault does not apply. An etcd
+// store is copied as a snapshot into snapshotPath and put back by restoreCmd.
+func newStoreCopy(drv driver.Driver, runID string, resources []string, snapshotPath, restoreCmd, rawURL string) (storeCopier, error) {
+	switch d := drv.(type) {
+	case *redis.Driver:
 		return &redisCopy{d: d, resources: resources}, nil
+	case *etcd.Driver:
+		if err := etcdRestoreApplies(restoreCmd); err != nil {
+			return nil, err
+		}
+		addr, err := portToWait(rawURL, "restore")
+		if err != nil {
+			return nil, err
+		}
+		return &etcdCopy{d: d, resources: resources, path: snapshotPath, command: restoreCmd, addr: addr}, nil
 	}
 	c := &storeCopy{pattern: "torture-" + runID + "-%"}
 	for i, n := range []string{"resources", "operations", "meta"} {
@@ -84,7 +96,7 @@ func newStoreCopy(drv driver.Driver, runID string, resources []string) (storeCop
 			return out, rows.Err()
 		}
 	default:
-		return nil, errors.New("not implemented for this backend: the restore fault copies SQL tables (SQLite, PostgreSQL, MariaDB) or Redis keys")
+		return nil, errors.New("not implemented for this backend: the restore fault copies SQL tables (SQLite, PostgreSQL, MariaDB), Redis keys or an etcd snapshot")
 	}
 	return c, nil
 }

@@ -18,6 +18,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/fenced-dev/fenced"
+	"github.com/fenced-dev/fenced/backend/etcd"
 	"github.com/fenced-dev/fenced/backend/mysql"
 	"github.com/fenced-dev/fenced/backend/postgres"
 	"github.com/fenced-dev/fenced/backend/redis"
@@ -48,6 +49,7 @@ type tortureOptions struct {
 	// restoreWithoutBump is the restore fault's control: the copy restored and no bump.
 	restoreWithoutBump bool
 	restartCmd         string // the restart fault's command, for servers torture cannot restart itself
+	restoreCmd         string // the restore fault's command for etcd: the snapshot put back, the members started
 	mutant             string // a planted bug in the workers' driver (tests only)
 	partitionDev       string // the partition fault's network interface
 }
@@ -83,8 +85,10 @@ Faults (--faults, comma-separated; default: every one that applies to the databa
               after the lease expired, while its renewal or publication waits on it: PostgreSQL
               and MariaDB; the checker flags any of them accepted
   partition   set --partition-dev down for 1-3s, then up: the host side of a veth pair to a
-              network namespace the database server runs in (see docs/TORTURE.md); needs
-              root and --partition-dev
+              network namespace the database server runs in (see docs/TORTURE.md); on etcd,
+              the link between the member the clients use and its peers, that member made
+              the leader before the first cut and a follower before the next, in turn;
+              needs root and --partition-dev
   delay       put a TCP proxy of the run's own between the workers and the server, and make
               it delay every byte (a latency with jitter, for 1-3s), stall about half the
               connections (nothing passes for longer than any TTL, then everything held goes
@@ -93,14 +97,15 @@ Faults (--faults, comma-separated; default: every one that applies to the databa
   bump        fenced epoch bump while the workers run (every lease of the store is freed)
   restore     copy the torture's rows and the epoch with the workers held at a barrier, let them
               go on 2-4s, hold them again, restore the copy and bump the epoch (SQLite,
-              PostgreSQL, MariaDB); --restore-without-bump leaves the bump out and must
-              report violations
+              PostgreSQL, MariaDB, Redis; etcd: a snapshot of the cluster, put back by
+              --restore-cmd); --restore-without-bump leaves the bump out and must report
+              violations
 bump and restore act on the whole store's epoch: they are in the default set only on the
 temporary SQLite file, and must be named in --faults on a store of --db (use a store that
 nothing else uses).
 
 --unfenced runs the same schedule with a plain lock: the same acquisitions, then an
-unconditional write of the payload (SQLite, PostgreSQL, MariaDB, Redis). It must report
+unconditional write of the payload (SQLite, PostgreSQL, MariaDB, Redis, etcd). It must report
 violations.
 
 --gate also runs a participating service (destination/gate on a SQLite file of its own, on
@@ -138,7 +143,8 @@ Exit code 7: violations found.`,
 	f.StringVar(&o.report, "report", "", "directory for the HTML report and the histories (default: a new temporary directory)")
 	f.DurationVar(&o.checkTimeout, "check-timeout", time.Minute, "bound on the model check of each resource")
 	f.StringVar(&o.restartCmd, "restart-cmd", "", "shell command that restarts (or crashes and starts) the database server, for the restart fault; torture then waits for its port")
-	f.StringVar(&o.partitionDev, "partition-dev", "", "network interface the partition fault sets down and up: the host side of a veth pair to the database server's network namespace")
+	f.StringVar(&o.restoreCmd, "restore-cmd", "", "etcd only: shell command that stops the members, restores the snapshot file $FENCED_SNAPSHOT into fresh data directories and starts them, for the restore fault")
+	f.StringVar(&o.partitionDev, "partition-dev", "", "network interface the partition fault sets down and up: the host side of a veth pair to the database server's network namespace (etcd: the clients' member's link to its peers)")
 	f.StringVar(&o.mutant, "mutant", "", "a planted bug in the workers' driver, for the tests: "+mutantRenewAfterExpiry+", "+mutantBusyAfterExpiry)
 	_ = f.MarkHidden("mutant")
 	f.BoolVar(&o.restoreWithoutBump, "restore-without-bump", false, "the restore fault's control: restore the copy without bumping the epoch (violations expected)")
@@ -231,28 +237,35 @@ func naiveWrite(drv driver.Driver) (torture.NaiveWrite, error) {
 			return d.Client().HSet(ctx, d.Key(l.Resource), "payload", payload, "published_generation", l.Generation,
 				"published_epoch", l.Epoch).Err()
 		}, nil
+	case *etcd.Driver:
+		return func(ctx context.Context, l driver.LeaseRef, payload []byte) error {
+			return d.PublishUnfenced(ctx, l.Resource, l.Epoch, l.Generation, payload)
+		}, nil
 	}
-	return nil, usagef("--unfenced is not implemented for %s (SQLite, PostgreSQL, MariaDB and Redis have a plain lock's write)", backendName(drv))
+	return nil, usagef("--unfenced is not implemented for %s (SQLite, PostgreSQL, MariaDB, Redis and etcd have a plain lock's write)", backendName(drv))
 }
 
 // engineClock reports whether the engine's replies carry its own clock (etcd's do not: a
 // lease's expiry there is the client's clock plus the etcd lease's TTL in whole seconds).
 func engineClock(url string) bool {
 	scheme, _, _ := strings.Cut(url, ":")
-	return strings.ToLower(scheme) != "etcd"
+	scheme = strings.ToLower(scheme)
+	return scheme != "etcd" && scheme != "etcds"
 }
 
 // unfencedSchemes are the URL schemes naiveWrite has a plain lock's write for.
 var unfencedSchemes = map[string]bool{"sqlite": true, "postgres": true, "postgresql": true, "mysql": true, "mariadb": true,
-	"redis": true, "rediss": true}
+	"redis": true, "rediss": true, "etcd": true, "etcds": true}
 
 // restoreApplies says whether newStoreCopy can copy a store of this scheme, or why not.
-func restoreApplies(scheme string) error {
+func restoreApplies(scheme, restoreCmd string) error {
 	switch scheme {
 	case "sqlite", "postgres", "postgresql", "mysql", "mariadb", "redis", "rediss":
 		return nil
+	case "etcd", "etcds":
+		return etcdRestoreApplies(restoreCmd)
 	}
-	return fmt.Errorf("not implemented for %s: the restore fault copies SQL tables (SQLite, PostgreSQL, MariaDB) or Redis keys", scheme)
+	return fmt.Errorf("not implemented for %s: the restore fault copies SQL tables (SQLite, PostgreSQL, MariaDB), Redis keys or an etcd snapshot", scheme)
 }
 
 // engineLabel names the engine of a URL scheme for a message.
@@ -321,7 +334,7 @@ func (a *app) torture(cmd *cobra.Command, o tortureOptions) error {
 	}
 	ownStore := !cmd.Flags().Changed("db") && os.Getenv("FENCED_DB") == ""
 	if o.unfenced && !unfencedSchemes[scheme] {
-		return usagef("--unfenced is not implemented for %s: SQLite, PostgreSQL, MariaDB and Redis have a plain lock's write", scheme)
+		return usagef("--unfenced is not implemented for %s: SQLite, PostgreSQL, MariaDB, Redis and etcd have a plain lock's write", scheme)
 	}
 	partitionErr := errors.New("needs --partition-dev, the host side of a veth pair to the database server's network namespace")
 	if o.partitionDev != "" {
@@ -336,7 +349,15 @@ func (a *app) torture(cmd *cobra.Command, o tortureOptions) error {
 		}
 		partitionErr = nil
 	}
-	faults, notApplicable := faultPlan(scheme, restartErr, restoreApplies(scheme), partitionErr, delayApplies(scheme, url), ownStore, explicit, requested)
+	if o.restoreCmd != "" {
+		if scheme != "etcd" && scheme != "etcds" {
+			return usagef("invalid --restore-cmd: it applies to etcd only (the restore fault copies and restores the torture's own rows or keys on %s)", engineLabel(scheme))
+		}
+		if _, err := portToWait(url, "restore"); err != nil {
+			return usagef("invalid --restore-cmd: %v", err)
+		}
+	}
+	faults, notApplicable := faultPlan(scheme, restartErr, restoreApplies(scheme, o.restoreCmd), partitionErr, delayApplies(scheme, url), ownStore, explicit, requested)
 	if explicit {
 		// A fault named in --faults that cannot be injected here is refused, by name.
 		for _, f := range requested {
@@ -349,6 +370,9 @@ func (a *app) torture(cmd *cobra.Command, o tortureOptions) error {
 	}
 	if err := o.azure.validate(o); err != nil {
 		return err
+	}
+	if o.restoreCmd != "" && !contains(faults, torture.FaultRestore) {
+		return usagef("--restore-cmd needs the restore fault (name it in --faults)")
 	}
 	if o.restoreWithoutBump && !contains(faults, torture.FaultRestore) {
 		return usagef("--restore-without-bump needs the restore fault")
@@ -390,7 +414,7 @@ func (a *app) torture(cmd *cobra.Command, o tortureOptions) error {
 	if err != nil {
 		return err
 	}
-	copier, _ := newStoreCopy(drv, runID, resources)
+	copier, _ := newStoreCopy(drv, runID, resources, filepath.Join(dir, "etcd.snapshot"), o.restoreCmd, url)
 	store, err := fenced.New(ctx, drv, &fenced.Config{AllowNonDurable: a.allowNonDur})
 	if err != nil {
 		_ = drv.Close()
@@ -549,6 +573,7 @@ type tortureRun struct {
 	copier      storeCopier      // nil unless the restore fault applies
 	barrierPath string           // held shared by every request, exclusively by the restore fault
 	barrier     *torture.Barrier // the nemesis's own open file description of it
+	partitions  int              // partition faults so far (etcd: the cut member's role alternates)
 }
 
 // tortureProc is one worker process seen from the parent.

@@ -1,0 +1,216 @@
+package cli_test
+
+import (
+	"crypto/rand"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+)
+
+// ownEtcd starts a one-member etcd of the test's own (a temporary data directory, free loopback
+// ports) and returns its URL, the --restart-cmd that kills it (kill -9) and starts it again
+// from its data directory, and the --restore-cmd that stops it, restores $FENCED_SNAPSHOT into
+// a fresh data directory (etcdutl, or etcdctl where etcdutl is missing: etcd 3.4) and starts
+// it from there. It skips without etcd (and fails under CI=true, where .ci/run installs it).
+func ownEtcd(t *testing.T) (url, restart, restore string) {
+	t.Helper()
+	bin, tool := etcdTools(t)
+	port := func() int {
+		l, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer l.Close()
+		return l.Addr().(*net.TCPAddr).Port
+	}
+	client, peer := fmt.Sprintf("http://127.0.0.1:%d", port()), fmt.Sprintf("http://127.0.0.1:%d", port())
+	dir := t.TempDir()
+	pid := filepath.Join(dir, "etcd.pid")
+	start := filepath.Join(dir, "start.sh")
+	script := fmt.Sprintf(`#!/bin/sh
+%s --name m1 --data-dir %s/data --listen-client-urls %s --advertise-client-urls %s \
+  --listen-peer-urls %s --initial-advertise-peer-urls %s --initial-cluster m1=%s >>%s/etcd.log 2>&1 &
+echo $! > %s
+`, bin, dir, client, client, peer, peer, peer, dir, pid)
+	if err := os.WriteFile(start, []byte(script), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if out, err := exec.Command(start).CombinedOutput(); err != nil {
+		t.Fatalf("start etcd: %v: %s", err, out)
+	}
+	t.Cleanup(func() { killPidFile(pid) })
+	addr := strings.TrimPrefix(client, "http://")
+	waitListening(t, addr, 20*time.Second)
+	stop := func(signal string) string {
+		return fmt.Sprintf(`p=$(cat %s); kill %s "$p"; while kill -0 "$p" 2>/dev/null; do sleep 0.05; done`, pid, signal)
+	}
+	restart = stop("-9") + "; " + start
+	restore = stop("-TERM") + fmt.Sprintf(`; rm -rf %[1]s/restored && ETCDCTL_API=3 %[2]s snapshot restore "$FENCED_SNAPSHOT" --name m1 \
+  --data-dir %[1]s/restored --initial-cluster m1=%[3]s --initial-advertise-peer-urls %[3]s >>%[1]s/restore.log 2>&1 && \
+  rm -rf %[1]s/data && mv %[1]s/restored %[1]s/data && %[4]s`, dir, tool, peer, start)
+	return "etcd://" + addr, restart, restore
+}
+
+// killPidFile kills (SIGKILL) the process whose id the file holds, if any: the server a test
+// started.
+func killPidFile(pid string) {
+	b, err := os.ReadFile(pid)
+	if err != nil {
+		return
+	}
+	if p, err := strconv.Atoi(strings.TrimSpace(string(b))); err == nil {
+		if proc, err := os.FindProcess(p); err == nil {
+			_ = proc.Kill()
+		}
+	}
+}
+
+// etcdTools finds etcd and the tool that restores its snapshots: etcdutl, or etcdctl where
+// etcdutl is missing (etcd 3.4).
+func etcdTools(t *testing.T) (server, restore string) {
+	t.Helper()
+	server, err := exec.LookPath("etcd")
+	if err != nil {
+		skipOrFail(t, "etcd is not installed")
+	}
+	if restore, err = exec.LookPath("etcdutl"); err != nil {
+		if restore, err = exec.LookPath("etcdctl"); err != nil {
+			skipOrFail(t, "neither etcdutl nor etcdctl is installed")
+		}
+	}
+	return server, restore
+}
+
+// waitListening polls until addr accepts TCP connections.
+func waitListening(t *testing.T, addr string, within time.Duration) {
+	t.Helper()
+	for deadline := time.Now().Add(within); ; {
+		if c, err := net.DialTimeout("tcp", addr, time.Second); err == nil {
+			_ = c.Close()
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("nothing listens on %s after %s", addr, within)
+		}
+		time.Sleep(50 * time.Millisecond) // polling the server's state
+	}
+}
+
+// skipOrFail skips the test loudly, or fails it under CI=true, where every tool the tests need
+// is installed.
+func skipOrFail(t *testing.T, why string) {
+	t.Helper()
+	if os.Getenv("CI") == "true" {
+		t.Fatal("!!! " + why)
+	}
+	t.Skip("!!! " + why)
+}
+
+// netnsEtcd starts a three-member etcd cluster, each member in a network namespace of the
+// test's own. The members meet on a bridge in this namespace (one veth pair each, a private
+// /24); the clients, here, reach member m1 only, through a veth pair of its own (a private
+// /30). It returns the URL of m1, dev (the bridge's side of m1's link to its peers: set down,
+// m1 is cut off from the others while the clients keep talking to it), a --restart-cmd that
+// crashes m1 (kill -9) and starts it again from its data directory, and a --restore-cmd that
+// stops every member, restores $FENCED_SNAPSHOT into a fresh data directory for each and
+// starts them. It skips (fails under CI=true) without root, ip or etcd.
+func netnsEtcd(t *testing.T) (url, dev, restart, restore string) {
+	t.Helper()
+	if os.Geteuid() != 0 {
+		skipOrFail(t, "network namespaces need root")
+	}
+	ip, err := exec.LookPath("ip")
+	if err != nil {
+		skipOrFail(t, "ip (iproute2) is not installed")
+	}
+	bin, tool := etcdTools(t)
+	id := strings.ToLower(rand.Text()[:6])
+	b := make([]byte, 1)
+	_, _ = rand.Read(b)
+	peerNet, clientNet := fmt.Sprintf("10.214.%d", b[0]), fmt.Sprintf("10.215.%d", b[0])
+	run := func(args ...string) {
+		t.Helper()
+		if out, err := exec.Command(ip, args...).CombinedOutput(); err != nil {
+			t.Fatalf("ip %s: %v: %s", strings.Join(args, " "), err, out)
+		}
+	}
+	bridge := "fb" + id
+	run("link", "add", bridge, "type", "bridge")
+	t.Cleanup(func() { _ = exec.Command(ip, "link", "del", bridge).Run() })
+	run("addr", "add", peerNet+".1/24", "dev", bridge)
+	run("link", "set", bridge, "up")
+
+	const members = 3
+	dir := t.TempDir()
+	var cluster []string
+	peerIP := func(i int) string { return fmt.Sprintf("%s.%d", peerNet, 10+i) }
+	for i := 1; i <= members; i++ {
+		cluster = append(cluster, fmt.Sprintf("m%d=http://%s:2380", i, peerIP(i)))
+	}
+	var starts, stops, restores []string
+	for i := 1; i <= members; i++ {
+		ns := fmt.Sprintf("fenced-%s-%d", id, i)
+		if out, err := exec.Command(ip, "netns", "add", ns).CombinedOutput(); err != nil {
+			skipOrFail(t, fmt.Sprintf("cannot create a network namespace here: %v: %s", err, out))
+		}
+		t.Cleanup(func() { _ = exec.Command(ip, "netns", "del", ns).Run() })
+		host, inner := fmt.Sprintf("fp%s%d", id, i), fmt.Sprintf("fq%s%d", id, i)
+		run("link", "add", host, "type", "veth", "peer", "name", inner)
+		t.Cleanup(func() { _ = exec.Command(ip, "link", "del", host).Run() })
+		run("link", "set", inner, "netns", ns)
+		run("link", "set", host, "master", bridge)
+		run("link", "set", host, "up")
+		run("netns", "exec", ns, "ip", "addr", "add", peerIP(i)+"/24", "dev", inner)
+		run("netns", "exec", ns, "ip", "link", "set", inner, "up")
+		run("netns", "exec", ns, "ip", "link", "set", "lo", "up")
+		advertise := "http://" + peerIP(i) + ":2379"
+		if i == 1 {
+			dev = host
+			ch, cn := "fc"+id, "fd"+id
+			run("link", "add", ch, "type", "veth", "peer", "name", cn)
+			t.Cleanup(func() { _ = exec.Command(ip, "link", "del", ch).Run() })
+			run("link", "set", cn, "netns", ns)
+			run("addr", "add", clientNet+".1/30", "dev", ch)
+			run("link", "set", ch, "up")
+			run("netns", "exec", ns, "ip", "addr", "add", clientNet+".2/30", "dev", cn)
+			run("netns", "exec", ns, "ip", "link", "set", cn, "up")
+			advertise = "http://" + clientNet + ".2:2379"
+			url = "etcd://" + clientNet + ".2:2379"
+		}
+		name, pid := fmt.Sprintf("m%d", i), filepath.Join(dir, fmt.Sprintf("m%d.pid", i))
+		start := filepath.Join(dir, name+".start")
+		script := fmt.Sprintf(`#!/bin/sh
+%[1]s netns exec %[2]s %[3]s --name %[4]s --data-dir %[5]s/%[4]s --listen-client-urls http://0.0.0.0:2379 \
+  --advertise-client-urls %[6]s --listen-peer-urls http://%[7]s:2380 --initial-advertise-peer-urls http://%[7]s:2380 \
+  --initial-cluster %[8]s --initial-cluster-token fenced-%[9]s >>%[5]s/%[4]s.log 2>&1 &
+echo $! > %[10]s
+`, ip, ns, bin, name, dir, advertise, peerIP(i), strings.Join(cluster, ","), id, pid)
+		if err := os.WriteFile(start, []byte(script), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if out, err := exec.Command(start).CombinedOutput(); err != nil {
+			t.Fatalf("start etcd %s: %v: %s", name, err, out)
+		}
+		t.Cleanup(func() { killPidFile(pid) })
+		stop := func(signal string) string {
+			return fmt.Sprintf(`p=$(cat %s); kill %s "$p"; while kill -0 "$p" 2>/dev/null; do sleep 0.05; done`, pid, signal)
+		}
+		if i == 1 {
+			restart = stop("-9") + "; " + start
+		}
+		starts, stops = append(starts, start), append(stops, stop("-TERM"))
+		restores = append(restores, fmt.Sprintf(`rm -rf %[1]s/%[2]s.restored && ETCDCTL_API=3 %[3]s snapshot restore "$FENCED_SNAPSHOT" \
+  --name %[2]s --data-dir %[1]s/%[2]s.restored --initial-cluster %[4]s --initial-cluster-token fenced-%[5]s-restored \
+  --initial-advertise-peer-urls http://%[6]s:2380 >>%[1]s/restore.log 2>&1 && rm -rf %[1]s/%[2]s && mv %[1]s/%[2]s.restored %[1]s/%[2]s`,
+			dir, name, tool, strings.Join(cluster, ","), id, peerIP(i)))
+	}
+	waitListening(t, strings.TrimPrefix(url, "etcd://"), 20*time.Second)
+	restore = strings.Join(stops, "; ") + "; " + strings.Join(restores, " && ") + " && " + strings.Join(starts, " && ")
+	return url, dev, restart, restore
+}
