@@ -6,12 +6,14 @@ package azuritetest
 import (
 	"context"
 	"crypto/rand"
+	"net/http"
 	"net/url"
 	"path"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/Azure/azure-sdk-for-go/sdk/azcore"
 	"github.com/Azure/azure-sdk-for-go/sdk/storage/azblob"
 	"github.com/Azure/azure-sdk-for-go/sdk/storage/azblob/container"
 	"github.com/fenced-dev/fenced/driver/drivertest"
@@ -41,7 +43,12 @@ func Container(t testing.TB) *container.Client {
 	if err != nil {
 		t.Fatal(err)
 	}
-	client, err := azblob.NewClientWithSharedKeyCredential(Endpoint(t).String()+"/", cred, nil)
+	// A transport of the test's own, whose idle connections are closed when the test ends
+	// (after the container is deleted), so that no goroutine outlives it for goleak to find.
+	tr := http.DefaultTransport.(*http.Transport).Clone()
+	t.Cleanup(tr.CloseIdleConnections)
+	client, err := azblob.NewClientWithSharedKeyCredential(Endpoint(t).String()+"/", cred,
+		&azblob.ClientOptions{ClientOptions: azcore.ClientOptions{Transport: &http.Client{Transport: tr}}})
 	if err != nil {
 		t.Fatal(err)
 	}
