@@ -123,8 +123,8 @@ func TestSuite(t *testing.T) {
 // staleWriteAfterFence forces the schedule the version condition exists for: A compares its
 // token (still the newest) and is held before its upload; B fences (or, with bWrites, writes
 // its own bytes); A's upload then reaches the store, conditioned on the version A compared. It
-// returns A's error and the object's content and token afterwards.
-func staleWriteAfterFence(t *testing.T, ctx context.Context, c *bucketcas.CAS, bWrites bool) (error, []byte, fenced.Token) {
+// returns the object's content and token afterwards, and A's error.
+func staleWriteAfterFence(t *testing.T, ctx context.Context, c *bucketcas.CAS, bWrites bool) (data []byte, written fenced.Token, errA error) {
 	t.Helper()
 	a, b := tok(2, 5), tok(2, 6)
 	if err := c.Fence(ctx, res, a); err != nil {
@@ -153,12 +153,12 @@ func staleWriteAfterFence(t *testing.T, ctx context.Context, c *bucketcas.CAS, b
 		t.Fatal(err)
 	}
 	close(resume)
-	errA := <-done
+	errA = <-done
 	data, written, err := c.Read(ctx, res)
 	if err != nil {
 		t.Fatal(err)
 	}
-	return errA, data, written
+	return data, written, errA
 }
 
 // Once B's fence is in, A's write, whose token compared as the newest before the fence, is
@@ -170,7 +170,7 @@ func TestFenceBetweenCompareAndUpload(t *testing.T) {
 			t.Parallel()
 			ctx := context.Background()
 			c := newCAS(t, s.open(t), nil)
-			errA, data, written := staleWriteAfterFence(t, ctx, c, false)
+			data, written, errA := staleWriteAfterFence(t, ctx, c, false)
 			var stale *destination.StaleError
 			if !errors.As(errA, &stale) || stale.Current != tok(2, 6) {
 				t.Fatalf("A's write after B's fence: %v, want stale with current %s", errA, tok(2, 6))
@@ -192,7 +192,7 @@ func TestFenceBetweenCompareAndUploadCatchesUnconditional(t *testing.T) {
 			ctx := context.Background()
 			c := newCAS(t, s.open(t), nil)
 			bucketcas.Unconditional(c)
-			errA, data, written := staleWriteAfterFence(t, ctx, c, false)
+			data, written, errA := staleWriteAfterFence(t, ctx, c, false)
 			if errA != nil || string(data) != "A\x00late" || written != tok(2, 5) {
 				t.Fatalf("unconditional uploads: A's write %v, object %q with %s; want the stale write accepted", errA, data, written)
 			}
@@ -219,13 +219,13 @@ func TestS3ETagIsContentHash(t *testing.T) {
 		return c
 	}
 	t.Run("SuccessorWrites", func(t *testing.T) {
-		errA, data, written := staleWriteAfterFence(t, ctx, s3CAS(t, "writes/"), true)
+		data, written, errA := staleWriteAfterFence(t, ctx, s3CAS(t, "writes/"), true)
 		if !errors.Is(errA, destination.ErrStale) || string(data) != "B" || written != tok(2, 6) {
 			t.Fatalf("S3, B writes: A's write %v, object %q with %s; want If-Match to refuse A", errA, data, written)
 		}
 	})
 	t.Run("SuccessorFences", func(t *testing.T) {
-		errA, data, written := staleWriteAfterFence(t, ctx, s3CAS(t, "fences/"), false)
+		data, written, errA := staleWriteAfterFence(t, ctx, s3CAS(t, "fences/"), false)
 		if errA != nil || string(data) != "A\x00late" || written != tok(2, 5) {
 			t.Fatalf("S3, B fences: A's write %v, object %q with %s; the A-B-A this test documents did not happen", errA, data, written)
 		}
