@@ -10,6 +10,9 @@
 //     checked, with one conditional statement, inside the transaction of the service's write.
 //   - destination/azureblob (its own module): one Azure blob fenced by Azure's blob lease and
 //     ETags, or by ETag compare-and-swap alone.
+//   - destination/bucketcas (its own module): one object of a gocloud.dev/blob bucket on Google
+//     Cloud Storage or Azure, fenced by compare-and-swap on its generation or ETag. S3 is
+//     refused: its ETags are content hashes.
 //
 // This package also defines how a token travels over HTTP: the Fencing-Token header (see
 // FormatHeader), set on a request by SetHeader or by a Transport.

@@ -3,9 +3,11 @@ package mysql
 import (
 	"context"
 	"database/sql"
+	"strings"
 	"testing"
 	"time"
 
+	"github.com/fenced-dev/fenced"
 	"github.com/fenced-dev/fenced/destination/gate"
 	"github.com/fenced-dev/fenced/destination/gate/gatetest"
 )
@@ -25,6 +27,45 @@ var gateEngine = gatetest.Engine{Dialect: gate.MySQL, Open: func(t testing.TB) *
 	t.Cleanup(func() { _ = d.Close() })
 	return d.DB()
 }}
+
+// TestGateBatched runs them again with Gate.Exec sending the write and the check as one
+// multi-statement batch (Config.MySQLMultiStatements).
+func TestGateBatched(t *testing.T) {
+	t.Parallel()
+	gatetest.Run(t, batchedEngine)
+}
+
+// batchedEngine's database allows multi-statement batches; interpolateParams is on by default
+// in this package's URLs.
+var batchedEngine = gatetest.Engine{Dialect: gate.MySQL, Config: &gate.Config{MySQLMultiStatements: true},
+	Open: func(t testing.TB) *sql.DB {
+		d, err := Open(CreateTestDatabase(t) + "?multiStatements=true")
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = d.Close() })
+		return d.DB()
+	}}
+
+// Without multiStatements in the DSN the batch is refused by the server with an error that
+// names the setting, and nothing is written.
+func TestGateBatchedNeedsMultiStatements(t *testing.T) {
+	t.Parallel()
+	e := batchedEngine
+	e.Open = gateEngine.Open
+	s := gatetest.NewService(t, e)
+	ctx := context.Background()
+	if err := s.Gate.Add(ctx, "r"); err != nil {
+		t.Fatal(err)
+	}
+	err := s.WriteExec(ctx, "r", gatetest.Tok(1, 1), []byte("x\x00"))
+	if err == nil || !strings.Contains(err.Error(), "multiStatements=true") {
+		t.Fatalf("a batch without multiStatements: %v", err)
+	}
+	if m, err := s.Gate.Mark(ctx, "r"); err != nil || m != (fenced.Token{}) {
+		t.Fatalf("mark %s (%v) after a refused batch", m, err)
+	}
+}
 
 // TestGateCheckWaitsForTheRaise: on InnoDB too, a check waiting on an uncommitted raise's row
 // lock is decided on the committed mark.
@@ -49,3 +90,6 @@ func TestGateCheckWaitsForTheRaise(t *testing.T) {
 // BenchmarkGate: a service's write transaction with the gate's check beside the same
 // transaction without it, on MariaDB/MySQL.
 func BenchmarkGate(b *testing.B) { gatetest.Bench(b, gateEngine) }
+
+// BenchmarkGateBatched: the same, with Exec's write and check in one batch (exec/raw).
+func BenchmarkGateBatched(b *testing.B) { gatetest.Bench(b, batchedEngine) }

@@ -3,15 +3,12 @@ package azureblob_test
 import (
 	"bytes"
 	"context"
-	"crypto/rand"
 	"errors"
 	"strings"
 	"testing"
-	"time"
 
 	"github.com/Azure/azure-sdk-for-go/sdk/azcore/streaming"
 	"github.com/Azure/azure-sdk-for-go/sdk/azcore/to"
-	"github.com/Azure/azure-sdk-for-go/sdk/storage/azblob"
 	"github.com/Azure/azure-sdk-for-go/sdk/storage/azblob/blob"
 	"github.com/Azure/azure-sdk-for-go/sdk/storage/azblob/bloberror"
 	"github.com/Azure/azure-sdk-for-go/sdk/storage/azblob/blockblob"
@@ -19,44 +16,12 @@ import (
 	"github.com/fenced-dev/fenced"
 	"github.com/fenced-dev/fenced/destination"
 	"github.com/fenced-dev/fenced/destination/azureblob"
+	"github.com/fenced-dev/fenced/destination/azureblob/azuritetest"
 	"github.com/fenced-dev/fenced/destination/destinationtest"
-	"github.com/fenced-dev/fenced/driver/drivertest"
 )
 
-// Azurite's well-known development account.
-const (
-	azuriteAccount = "devstoreaccount1"
-	azuriteKey     = "Eby8vdM02xNOcqFlqUwJPLlmEtlCDXJ1OUzFT50uSRZ6IFsuFq2UVErCz4I6tq/K1SZFPTOtr/KBHBeksoGMGw=="
-)
-
-// containerForTest creates a container with a random name on the Azurite server named by
-// FENCED_TEST_AZURITE (.ci/run starts one), deleted when the test ends.
-func containerForTest(t testing.TB) *container.Client {
-	t.Helper()
-	raw := drivertest.ServerURL(t, "FENCED_TEST_AZURITE", "http://127.0.0.1:10000/"+azuriteAccount, drivertest.DialURL)
-	cred, err := azblob.NewSharedKeyCredential(azuriteAccount, azuriteKey)
-	if err != nil {
-		t.Fatal(err)
-	}
-	client, err := azblob.NewClientWithSharedKeyCredential(strings.TrimSuffix(raw, "/")+"/", cred, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	name := "fenced-" + strings.ToLower(rand.Text()[:20])
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	if _, err := client.CreateContainer(ctx, name, nil); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-		defer cancel()
-		if _, err := client.DeleteContainer(ctx, name, nil); err != nil {
-			t.Errorf("delete container %s: %v", name, err)
-		}
-	})
-	return client.ServiceClient().NewContainerClient(name)
-}
+// containerForTest is a container of the test's own on Azurite.
+func containerForTest(t testing.TB) *container.Client { return azuritetest.Container(t) }
 
 type readWriter interface {
 	fenced.Fencer

@@ -9,11 +9,13 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"path/filepath"
 	"sync"
 	"testing"
 	"time"
 
 	"github.com/fenced-dev/fenced"
+	"github.com/fenced-dev/fenced/backend/sqlite"
 	"github.com/fenced-dev/fenced/destination"
 )
 
@@ -205,4 +207,75 @@ func testIndependent(t *testing.T, ctx context.Context, h Harness, r string) {
 	mustFence(t, ctx, h, other, tok(1, 1))
 	mustWrite(t, ctx, h, other, tok(1, 1), payload("other"))
 	wantData(t, ctx, h, other, payload("other"))
+}
+
+// Paused is the outcome of PausedWriter: the two holders' tokens, A's delayed write, and B,
+// held before its own write until FinishB.
+type Paused struct {
+	A, B    fenced.Token
+	ErrA    error              // A's delayed write, made after B acquired and before B wrote
+	FinishB func([]byte) error // lets B write the given bytes; B's Run's error
+}
+
+// PausedWriter forces the paused-writer schedule through fenced.Run on a real lease store
+// (SQLite, in the test's temporary directory), with channels: A acquires, fences dest, writes
+// "A first\x00" and is paused; its lease is expired in the store; B acquires, fencing dest on
+// acquisition only if fence is set; then A's delayed write of "A delayed" arrives, before B
+// writes anything. write writes data to resource as the holder of l. The epoch is bumped
+// first, so that epoch and generation differ.
+func PausedWriter(t *testing.T, dest fenced.Fencer, resource string, fence bool,
+	write func(ctx context.Context, l *fenced.Lease, data []byte) error) Paused {
+	t.Helper()
+	ctx := context.Background()
+	drv, err := sqlite.Open(filepath.Join(t.TempDir(), "fenced.db"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	store, err := fenced.New(ctx, drv, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = store.Close() })
+	if err := store.Provision(ctx, resource); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := store.BumpEpoch(ctx); err != nil {
+		t.Fatal(err)
+	}
+	aPaused, aResume, aDone := make(chan fenced.Token), make(chan struct{}), make(chan error)
+	go func() {
+		_, _ = fenced.Run(ctx, store, resource, &fenced.RunOptions{TTL: time.Minute, Fence: []fenced.Fencer{dest}},
+			func(_ context.Context, l *fenced.Lease) ([]byte, error) {
+				if err := write(ctx, l, []byte("A first\x00")); err != nil {
+					t.Errorf("A's first write: %v", err)
+				}
+				aPaused <- l.Token()
+				<-aResume // paused past its lease
+				aDone <- write(ctx, l, []byte("A delayed"))
+				return nil, nil
+			})
+	}()
+	var p Paused
+	p.A = <-aPaused
+	if _, err := drv.DB().Exec(`UPDATE fenced_resources SET lease_until = CAST(unixepoch('subsec') * 1000000 AS INTEGER) - 1000000
+		WHERE resource = ?`, resource); err != nil {
+		t.Fatal(err)
+	}
+	opts := fenced.RunOptions{TTL: time.Minute}
+	if fence {
+		opts.Fence = []fenced.Fencer{dest}
+	}
+	bAcquired, bWrite, bDone := make(chan fenced.Token), make(chan []byte), make(chan error)
+	go func() {
+		_, err := fenced.Run(ctx, store, resource, &opts, func(_ context.Context, l *fenced.Lease) ([]byte, error) {
+			bAcquired <- l.Token()
+			return nil, write(ctx, l, <-bWrite)
+		})
+		bDone <- err
+	}()
+	p.B = <-bAcquired
+	close(aResume)
+	p.ErrA = <-aDone
+	p.FinishB = func(data []byte) error { bWrite <- data; return <-bDone }
+	return p
 }

@@ -58,6 +58,12 @@ type Config struct {
 	// Table holds the marks, one row per resource. Default DefaultTable. A plain identifier:
 	// letters, digits and underscores.
 	Table string
+	// MySQLMultiStatements makes Exec on MySQL/MariaDB send the service's write and the check
+	// in one round trip, as a batch of two statements. Set it only if db was opened with
+	// go-sql-driver/mysql's multiStatements=true and interpolateParams=true (a batch cannot be
+	// a server-side prepared statement); the batch is refused otherwise. Default false: Exec
+	// is Check, then the write, two round trips.
+	MySQLMultiStatements bool
 }
 
 var identifier = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]{0,62}$`)
@@ -65,9 +71,10 @@ var identifier = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]{0,62}$`)
 // Gate checks tokens against the marks in one table of the service's database. A Gate is safe
 // for concurrent use by multiple goroutines.
 type Gate struct {
-	db *sql.DB
-	d  Dialect
-	q  queries
+	db    *sql.DB
+	d     Dialect
+	q     queries
+	batch bool // MySQLMultiStatements
 }
 
 type queries struct {
@@ -95,7 +102,10 @@ func New(db *sql.DB, d Dialect, cfg *Config) (*Gate, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &Gate{db: db, d: d, q: q}, nil
+	if c.MySQLMultiStatements && d != MySQL {
+		return nil, fmt.Errorf("gate: MySQLMultiStatements is for the MySQL dialect, not %s", d)
+	}
+	return &Gate{db: db, d: d, q: q, batch: c.MySQLMultiStatements}, nil
 }
 
 // Migrate creates the marks table if it does not exist.
@@ -149,12 +159,23 @@ func (g *Gate) Check(ctx context.Context, tx *sql.Tx, resource string, token fen
 }
 
 func (g *Gate) check(ctx context.Context, ex execer, resource string, token fenced.Token) error {
+	return g.checkAfter(ctx, ex, resource, token, "", nil)
+}
+
+// checkAfter runs the check, preceded in the same batch by the statement before (with its
+// args) if there is one: the result's affected rows are then the last statement's, the
+// check's (go-sql-driver/mysql).
+func (g *Gate) checkAfter(ctx context.Context, ex execer, resource string, token fenced.Token, before string, args []any) error {
 	if token.Epoch < 0 || token.Generation < 0 {
 		return fmt.Errorf("gate: %q: token %s is negative: %w", resource, token, destination.ErrMalformed)
 	}
-	res, err := ex.ExecContext(ctx, g.q.check, g.q.checkArgs(resource, token)...)
+	query, what := g.q.check, "check"
+	if before != "" {
+		query, what = before+"; "+query, "write and check in one batch (does the DSN have multiStatements=true and interpolateParams=true?)"
+	}
+	res, err := ex.ExecContext(ctx, query, append(args, g.q.checkArgs(resource, token)...)...)
 	if err != nil {
-		return fmt.Errorf("gate: check %q: %w", resource, err)
+		return fmt.Errorf("gate: %s %q: %w", what, resource, err)
 	}
 	n, err := res.RowsAffected()
 	if err != nil {
@@ -163,15 +184,7 @@ func (g *Gate) check(ctx context.Context, ex execer, resource string, token fenc
 	if n == 1 {
 		return nil
 	}
-	// Refused. The row is read afterwards only to say why; the statement alone decided.
-	cur, found, err := g.read(ctx, ex, resource)
-	switch {
-	case err != nil:
-		return &destination.StaleError{Resource: resource, Token: token} // certainly refused
-	case !found:
-		return fmt.Errorf("gate: %q: %w", resource, destination.ErrUnknownResource)
-	}
-	return &destination.StaleError{Resource: resource, Token: token, Current: cur}
+	return g.refused(ctx, ex, resource, token)
 }
 
 // Exec checks token for resource and runs the service's write statement in tx, as Check and
@@ -179,13 +192,19 @@ func (g *Gate) check(ctx context.Context, ex execer, resource string, token fenc
 // two are one statement: write runs as a data-modifying WITH clause beside the check, and the
 // statement answers whether the check accepted, so the check costs no round trip of its own.
 // write must then be one INSERT, UPDATE or DELETE without a WITH clause of its own or a
-// trailing semicolon, its parameters $1 to $n (the gate's follow). On SQLite and MySQL Exec is
-// Check, then write: two statements.
+// trailing semicolon, its parameters $1 to $n (the gate's follow). On MySQL with
+// Config.MySQLMultiStatements, write and then the check go as one batch, in one round trip, and
+// the batch's affected-row count (go-sql-driver reports the last statement's) says whether the
+// check accepted; write must then be one statement without a trailing semicolon. Otherwise
+// (SQLite, MySQL by default) Exec is Check, then write: two statements, two round trips.
 //
 // A refusal is *destination.StaleError (or ErrUnknownResource) as from Check, but the write
 // may have run in tx: the caller must roll tx back, as after any error. Exec does not return
 // the write's row count.
 func (g *Gate) Exec(ctx context.Context, tx *sql.Tx, resource string, token fenced.Token, write string, args ...any) error {
+	if g.batch {
+		return g.checkAfter(ctx, tx, resource, token, write, args)
+	}
 	if g.d != Postgres {
 		if err := g.Check(ctx, tx, resource, token); err != nil {
 			return err
@@ -209,11 +228,16 @@ func (g *Gate) Exec(ctx context.Context, tx *sql.Tx, resource string, token fenc
 	if accepted {
 		return nil
 	}
-	// Refused; the row is read only to say why. tx is still usable: the statement succeeded.
-	cur, found, err := g.read(ctx, tx, resource)
+	return g.refused(ctx, tx, resource, token)
+}
+
+// refused reads the row of a refused check, only to say why: the statement alone decided,
+// and a transaction is still usable, since the statement succeeded.
+func (g *Gate) refused(ctx context.Context, ex execer, resource string, token fenced.Token) error {
+	cur, found, err := g.read(ctx, ex, resource)
 	switch {
 	case err != nil:
-		return &destination.StaleError{Resource: resource, Token: token}
+		return &destination.StaleError{Resource: resource, Token: token} // certainly refused
 	case !found:
 		return fmt.Errorf("gate: %q: %w", resource, destination.ErrUnknownResource)
 	}

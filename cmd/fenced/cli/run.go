@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"net/url"
 	"os"
 	"os/exec"
 	"strconv"
@@ -51,11 +50,23 @@ through. The environment names the lease as acquire prints it:
   FENCED_TOKEN_HEADER  the value of a Fencing-Token header for a participating service:
       curl -X PUT -H "Fencing-Token: $FENCED_TOKEN_HEADER" --data-binary @out URL
 
-With --fence URL (repeatable) each such service is fenced right after acquiring and before
-COMMAND starts (POST URL with the header; see destination/gate), so that it refuses the
-previous holder's delayed writes; if one cannot be fenced, COMMAND does not run and the
-exit code is 5 when the service already holds a newer token, 4 when it does not know the
-resource, 1 when it cannot be reached.
+With --fence URL (repeatable) each destination is fenced right after acquiring and before
+COMMAND starts, so that it refuses the previous holder's delayed writes:
+
+  http(s)://HOST/PATH   a participating service: POST URL with the header (destination/gate)
+  azblob://CONTAINER[?prefix=P]
+                        the blob P+RESOURCE: the previous holder's blob lease is broken and
+                        this acquisition's taken (destination/azureblob); the command writes
+                        with lease ID azureblob.LeaseID(RESOURCE, FENCED_OWNER)
+  azblob://CONTAINER?mode=cas[&prefix=P], gs://BUCKET[?prefix=P]
+                        the object P+RESOURCE: the token in its metadata, raised by a
+                        conditional rewrite (destination/bucketcas)
+
+azblob:// and gs:// take gocloud.dev's parameters and environment (AZURE_STORAGE_ACCOUNT,
+AZURE_STORAGE_KEY, Google's default credentials). s3:// and any other URL are refused before
+acquiring (exit 2): S3's content-hash ETags cannot fence an object. If a destination cannot be
+fenced, COMMAND does not run and the exit code is 5 when it already holds a newer token, 4
+when it does not know the resource, 1 when it cannot be reached.
 
 The command is trusted only while the lease is: until acquired + TTL - safety margin on this
 machine's monotonic clock, extended by each successful renewal with --renew. When the lease
@@ -86,11 +97,13 @@ artifact store, and the payload published is a pointer to it.`,
 				return usagef("invalid --grace %s: it must be positive", grace)
 			}
 			var dests []fenced.Fencer
-			for _, f := range fences {
-				if u, err := url.Parse(f); err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
-					return usagef("invalid --fence %q: want an http or https URL", f)
+			for _, raw := range fences {
+				f, release, err := openFence(cmd.Context(), raw)
+				if err != nil {
+					return err
 				}
-				dests = append(dests, &destination.Remote{URL: f})
+				defer release()
+				dests = append(dests, f)
 			}
 			if art.on {
 				return a.runArtifact(cmd, args, &fenced.RunOptions{TTL: d, Renew: renew, Fence: dests, Wait: wait}, grace, &art)
@@ -116,7 +129,7 @@ artifact store, and the payload published is a pointer to it.`,
 	cmd.Flags().DurationVar(&wait, "wait", 0, "how long to wait while the resource is busy (default: do not wait); then exit 3")
 	cmd.Flags().BoolVar(&renew, "renew", false, "renew the lease every TTL/3 while the command runs")
 	cmd.Flags().DurationVar(&grace, "grace", 10*time.Second, "how long after SIGTERM a command that lost its lease gets before SIGKILL")
-	cmd.Flags().StringArrayVar(&fences, "fence", nil, "fence this participating service (its fence URL) before the command starts; repeatable")
+	cmd.Flags().StringArrayVar(&fences, "fence", nil, "fence this destination (a service's fence URL, azblob://, gs://) before the command starts; repeatable")
 	art.add(cmd)
 	_ = cmd.MarkFlagRequired("ttl")
 	return cmd

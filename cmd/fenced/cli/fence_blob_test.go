@@ -1,0 +1,165 @@
+package cli_test
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"net/url"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/Azure/azure-sdk-for-go/sdk/storage/azblob/container"
+	"github.com/fsouza/fake-gcs-server/fakestorage"
+	"gocloud.dev/blob/gcsblob"
+
+	"github.com/fenced-dev/fenced"
+	"github.com/fenced-dev/fenced/destination"
+	"github.com/fenced-dev/fenced/destination/azureblob"
+	"github.com/fenced-dev/fenced/destination/azureblob/azuritetest"
+	"github.com/fenced-dev/fenced/destination/bucketcas"
+)
+
+// azuriteFence creates a container on Azurite and returns it with the gocloud.dev URL
+// parameters and the environment that name it for --fence.
+func azuriteFence(t *testing.T) (c *container.Client, params string, env []string) {
+	t.Helper()
+	endpoint := azuritetest.Endpoint(t)
+	c = azuritetest.Container(t)
+	params = "localemu=true&protocol=" + endpoint.Scheme + "&domain=" + endpoint.Host
+	return c, params, []string{"AZURE_STORAGE_ACCOUNT=" + azuritetest.Account, "AZURE_STORAGE_KEY=" + azuritetest.Key}
+}
+
+type runOut struct {
+	Owner string `json:"owner"`
+	Token string `json:"token"`
+}
+
+func runFenced(t *testing.T, tg target, env []string, fence, res string) (owner string, token fenced.Token) {
+	t.Helper()
+	r := runEnv(t, tg, env, "run", res, "--ttl", "30s", "--fence", fence, "--", "true")
+	if r.code != 0 {
+		t.Fatalf("run --fence %s: exit %d: %s", fence, r.code, r.stderr)
+	}
+	var out runOut
+	if err := json.Unmarshal(r.stdout, &out); err != nil {
+		t.Fatal(err)
+	}
+	tk, err := fenced.ParseToken(out.Token)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return out.Owner, tk
+}
+
+// run --fence azblob://… takes the blob over for the acquisition before the command runs: the
+// blob's metadata holds its token and Azure holds the lease whose ID derives from its owner,
+// so the next run's acquisition refuses the earlier owner's writes.
+func TestRunFenceAzureBlob(t *testing.T) {
+	tg := runTarget(t)
+	const res = "nightly job ü; v2"
+	tg.ok(nil, "provision", res)
+	tg.ok(nil, "epoch", "bump")
+	c, params, env := azuriteFence(t)
+	blob := azureblob.NewLeased(c, &azureblob.Options{Prefix: "reports/"})
+	fence := "azblob://" + azuritetest.Name(c) + "?prefix=reports/&" + params
+	ctx := context.Background()
+
+	owner1, token1 := runFenced(t, tg, env, fence, res)
+	if _, got, err := blob.Read(ctx, res); err != nil || got != token1 {
+		t.Fatalf("blob token %s (%v), want the run's %s", got, err, token1)
+	}
+	if err := blob.Write(ctx, res, owner1, token1, []byte("first\x00run")); err != nil {
+		t.Fatalf("the fenced owner's write with its lease ID: %v", err)
+	}
+	_, token2 := runFenced(t, tg, env, fence, res)
+	if err := blob.Write(ctx, res, owner1, token1, []byte("late")); !errors.Is(err, destination.ErrStale) {
+		t.Fatalf("the first run's write after the second run fenced: %v, want stale", err)
+	}
+	if data, got, _ := blob.Read(ctx, res); got != token2 || string(data) != "first\x00run" {
+		t.Fatalf("blob %q with token %s, want the first run's data under %s", data, got, token2)
+	}
+}
+
+// run --fence with mode=cas on Azure, and gs:// on fake-gcs-server: the object's metadata holds
+// the acquisition's token before the command runs; an object already fenced by a newer token
+// stops the command (exit 5) and releases the lease.
+func TestRunFenceCAS(t *testing.T) {
+	tg := runTarget(t)
+	const res = "nightly job ü; v2"
+	tg.ok(nil, "provision", res)
+	tg.ok(nil, "epoch", "bump")
+	ctx := context.Background()
+
+	srv, err := fakestorage.NewServerWithOptions(fakestorage.Options{Scheme: "http", Host: "127.0.0.1"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer srv.Stop()
+	srv.CreateBucketWithOpts(fakestorage.CreateBucketOpts{Name: "reports"})
+	gcsURL, _ := url.Parse(srv.URL())
+	gb, err := gcsblob.OpenBucket(ctx, nil, "reports", &gcsblob.Options{Client: srv.Client()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer gb.Close()
+	gcs, err := bucketcas.New(gb, &bucketcas.Options{Prefix: "p/"})
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	c, params, env := azuriteFence(t)
+	env = append(env, "STORAGE_EMULATOR_HOST="+gcsURL.Host)
+	for _, fence := range []string{"gs://reports?prefix=p/", "azblob://" + azuritetest.Name(c) + "?mode=cas&" + params} {
+		_, token := runFenced(t, tg, env, fence, res)
+		if strings.HasPrefix(fence, "gs:") {
+			if _, got, err := gcs.Read(ctx, res); err != nil || got != token {
+				t.Fatalf("object token %s (%v), want the run's %s", got, err, token)
+			}
+		}
+	}
+	ahead := fenced.Token{Epoch: 1 << 62, Generation: 1}
+	if err := gcs.Fence(ctx, res, ahead); err != nil {
+		t.Fatal(err)
+	}
+	marker := filepath.Join(tg.dir, "ran")
+	r := runEnv(t, tg, env, "run", res, "--ttl", "30s", "--fence", "gs://reports?prefix=p/", "--", "touch", marker)
+	if r.code != 5 || !strings.Contains(r.stderr, "older than the destination's "+ahead.String()) {
+		t.Fatalf("run against an object fenced ahead: exit %d, %s", r.code, r.stderr)
+	}
+	if _, err := os.Stat(marker); err == nil {
+		t.Fatal("the command ran")
+	}
+	if st := tg.show(res); st.Held {
+		t.Fatal("the lease was kept")
+	}
+}
+
+// A --fence URL that cannot be fenced is refused before acquiring: exit 2, one sentence, the
+// command not run, the lease not taken.
+func TestRunFenceBadURL(t *testing.T) {
+	tg := runTarget(t)
+	marker := filepath.Join(tg.dir, "ran")
+	for _, c := range []struct{ url, want string }{
+		{"s3://reports", "an S3 object cannot be fenced"},
+		{"ftp://host/x", "invalid --fence"},
+		{"file:///tmp/x", "invalid --fence"},
+		{"https:///no-host", "invalid --fence"},
+		{"gs://", "names no container or bucket"},
+		{"gs://reports?mode=cas", "gs:// takes no mode"},
+		{"azblob://c?mode=weird", "mode=weird"},
+		{"azblob://c?colour=blue", "unknown query parameter"},
+	} {
+		stderr := tg.fails(2, nil, "run", "job", "--ttl", "30s", "--fence", c.url, "--", "touch", marker)
+		if !strings.Contains(stderr, c.want) || strings.Count(strings.TrimSpace(stderr), "\n") > 0 {
+			t.Errorf("--fence %s: stderr %q, want one line saying %q", c.url, stderr, c.want)
+		}
+		if _, err := os.Stat(marker); err == nil {
+			t.Fatalf("--fence %s: the command ran", c.url)
+		}
+		if st := tg.show("job"); st.Held || st.Generation != 0 {
+			t.Fatalf("--fence %s: the lease was taken: %+v", c.url, st)
+		}
+	}
+}
