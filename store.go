@@ -210,6 +210,7 @@ func (s *Store) BumpEpoch(ctx context.Context) (int64, error) {
 	if err != nil {
 		return 0, mutationError("bump epoch", "", err, nil)
 	}
+	s.waits.releasedAll() // the bump freed every lease
 	return e, nil
 }
 
@@ -319,11 +320,18 @@ func (s *Store) Acquire(ctx context.Context, resource string, ttl time.Duration)
 	if err := validResource(resource); err != nil {
 		return nil, err
 	}
+	if _, err := s.margin(ttl); err != nil {
+		return nil, err
+	}
+	return s.acquireAs(ctx, resource, newID(), ttl)
+}
+
+// acquireAs is Acquire with owner, once resource and ttl are known to be valid.
+func (s *Store) acquireAs(ctx context.Context, resource, owner string, ttl time.Duration) (*Lease, error) {
 	margin, err := s.margin(ttl)
 	if err != nil {
 		return nil, err
 	}
-	owner := newID()
 	if err := ctx.Err(); err != nil {
 		return nil, fmt.Errorf("acquire %q: not sent: %w", resource, err)
 	}

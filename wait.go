@@ -54,6 +54,11 @@ func (s *Store) AcquireWait(ctx context.Context, resource string, ttl time.Durat
 	for _, opt := range opts {
 		opt(&o)
 	}
+	if o.owner == "" {
+		o.owner = newID()
+	} else if err := ValidateOwner(o.owner); err != nil {
+		return nil, err
+	}
 	w := s.waits.join(resource)
 	defer s.waits.leave(resource, w)
 	select {
@@ -73,6 +78,9 @@ func (s *Store) AcquireWait(ctx context.Context, resource string, ttl time.Durat
 
 // acquireWaitTurn is AcquireWait once the waiter is the first of its resource.
 func (s *Store) acquireWaitTurn(ctx context.Context, resource string, ttl time.Duration, w *waiter, o *waitOptions) (*Lease, error) {
+	if wt, ok := s.drv.(driver.Waiter); ok {
+		return s.acquireWaitInEngine(ctx, resource, ttl, wt, o)
+	}
 	// Subscribed before the first attempt, so that a release between a busy answer and the
 	// sleep that follows still wakes this waiter.
 	var freed <-chan struct{}
@@ -98,7 +106,7 @@ func (s *Store) acquireWaitTurn(ctx context.Context, resource string, ttl time.D
 		// The read that times the retry is detached too: a statement cut short by ctx is not
 		// needed, and cancelling one can disturb the connection it ran on.
 		actx, cancel := context.WithTimeout(context.WithoutCancel(ctx), attemptTimeout)
-		l, err := s.Acquire(actx, resource, ttl)
+		l, err := s.acquireAs(actx, resource, o.owner, ttl)
 		var busy *BusyError
 		if !errors.As(err, &busy) {
 			cancel()
@@ -147,7 +155,14 @@ type WaitOption func(*waitOptions)
 
 type waitOptions struct {
 	onWaiting func()
+	owner     string
 }
+
+// AsOwner makes every attempt of AcquireWait install owner (1 to 128 bytes of UTF-8 without
+// control characters) instead of a fresh random identity, so that a caller whose reply is
+// lost can recognise its own acquisition in the row (Store.Show) and release it. The service
+// uses it for a waiting request that names its owner.
+func AsOwner(owner string) WaitOption { return func(o *waitOptions) { o.owner = owner } }
 
 // waiting calls the OnWaiting function the first time only.
 func (o *waitOptions) waiting() {
@@ -223,6 +238,129 @@ func (q *waitQueues) released(resource string) {
 	q.mu.Lock()
 	defer q.mu.Unlock()
 	if ws := q.queues[resource]; len(ws) > 0 {
+		select {
+		case ws[0].wake <- struct{}{}:
+		default:
+		}
+	}
+}
+
+// maxEngineWait is the wait asked of a driver.Waiter when ctx has no deadline; the driver
+// caps it at its engine's limit, and AcquireWait asks again while ctx allows.
+const maxEngineWait = 24 * time.Hour
+
+// acquireWaitInEngine is acquireWaitTurn for a driver that waits itself (driver.Waiter: a
+// fenced service). Each call asks the engine to wait until ctx's deadline (at most the
+// engine's limit) and is repeated while ctx allows, so the waiter does not give up before its
+// own deadline: the engine's answer comes at or after it. The request runs past that deadline
+// by at most Config.ReleaseTimeout, so that a grant at the deadline is returned rather than
+// made unknown; a cancellation of ctx (not its deadline) ends the request at once, and the
+// engine, seeing its client gone, leaves its queue and releases a lease granted too late.
+//
+// Every call installs the same owner. After an unknown outcome (a lost reply, a cancelled
+// request), the row is read once: a lease held by that owner is released, so that it does not
+// stay held by nobody for its whole TTL, and the error still reports the outcome unknown.
+//
+// A lease granted after a wait longer than the safety margin is renewed once at once: its
+// trust window is timed from the moment a request was sent, and the wait's request was sent
+// before the grant, perhaps longer ago than the TTL.
+func (s *Store) acquireWaitInEngine(ctx context.Context, resource string, ttl time.Duration, wt driver.Waiter, o *waitOptions) (*Lease, error) {
+	margin, err := s.margin(ttl)
+	if err != nil {
+		return nil, err
+	}
+	var busy *BusyError
+	for {
+		if err := ctx.Err(); err != nil {
+			if busy == nil {
+				return nil, fmt.Errorf("acquire %q: not sent: %w", resource, err)
+			}
+			return nil, fmt.Errorf("%w (gave up waiting: %w)", busy, err)
+		}
+		wait := maxEngineWait
+		if dl, ok := ctx.Deadline(); ok {
+			wait = max(time.Until(dl), time.Millisecond)
+		}
+		// Detached from ctx's deadline, not from its cancellation.
+		actx, cancel := context.WithTimeout(context.WithoutCancel(ctx), wait+s.cfg.ReleaseTimeout)
+		stop := context.AfterFunc(ctx, func() {
+			if !errors.Is(ctx.Err(), context.DeadlineExceeded) {
+				cancel()
+			}
+		})
+		sent := time.Now()
+		if s.waits.hook != nil {
+			s.waits.hook("engine-wait", wait)
+		}
+		g, err := wt.AcquireWait(actx, resource, o.owner, ttl, wait)
+		stop()
+		cancel()
+		var dbusy *driver.BusyError
+		switch {
+		case err == nil:
+			return s.waitedLease(ctx, driver.LeaseRef{Resource: resource, Owner: o.owner, Epoch: g.Epoch, Generation: g.Generation},
+				g.LeaseUntil, sent, ttl, margin)
+		case errors.As(err, &dbusy):
+			busy = &BusyError{Resource: resource, Token: Token{Epoch: dbusy.Epoch, Generation: dbusy.Generation},
+				Generation: dbusy.Generation, LeaseUntil: dbusy.LeaseUntil}
+			o.waiting()
+		case errors.Is(err, driver.ErrNotFound):
+			return nil, fmt.Errorf("acquire %q: %w", resource, ErrNotProvisioned)
+		case errors.Is(err, driver.ErrIncarnationChanged):
+			return nil, incarnationError(opAcquire, resource, err)
+		default:
+			merr := mutationError(opAcquire, resource, err, func(e *OutcomeUnknownError) { e.Owner = o.owner })
+			if errors.Is(merr, ErrOutcomeUnknown) {
+				s.settleWait(resource, o.owner)
+			}
+			return nil, merr
+		}
+	}
+}
+
+// waitedLease is the lease granted to a wait whose request was sent at sent.
+func (s *Store) waitedLease(ctx context.Context, ref driver.LeaseRef, leaseUntil, sent time.Time, ttl, margin time.Duration) (*Lease, error) {
+	if time.Since(sent) > margin {
+		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), s.cfg.ReleaseTimeout)
+		defer cancel()
+		renewSent := time.Now()
+		until, ok, err := s.drv.Renew(rctx, ref, ttl)
+		switch {
+		case err == nil && ok:
+			leaseUntil, sent = until, renewSent
+		case err == nil:
+			// Not current any more (an epoch bump, or the TTL ran out): it was lost.
+			return nil, fmt.Errorf("acquire %q: granted after waiting, then lost before it could be renewed: %w",
+				ref.Resource, s.refusal(rctx, opRenew, ref, nil))
+		}
+		// Unknown: the lease keeps the window of the wait's request, which may have ended.
+	}
+	return newLease(s, ref, leaseUntil, sent.Add(ttl-margin)), nil
+}
+
+// settleWait releases resource's lease if owner holds it: after a waiting acquisition's
+// unknown outcome, so that a grant whose reply was lost does not stay held by nobody.
+func (s *Store) settleWait(resource, owner string) {
+	ctx, cancel := context.WithTimeout(context.Background(), s.cfg.ReleaseTimeout)
+	defer cancel()
+	st, err := s.drv.Read(ctx, resource)
+	if err != nil || st.Owner != owner {
+		return
+	}
+	ref := driver.LeaseRef{Resource: resource, Owner: owner, Epoch: st.Epoch, Generation: st.Generation}
+	if ok, err := s.drv.Release(ctx, ref); err == nil && ok {
+		s.waits.released(resource)
+		if s.waits.hook != nil {
+			s.waits.hook("settled", 0)
+		}
+	}
+}
+
+// releasedAll wakes the first waiter of every resource (an epoch bump freed every lease).
+func (q *waitQueues) releasedAll() {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	for _, ws := range q.queues {
 		select {
 		case ws[0].wake <- struct{}{}:
 		default:

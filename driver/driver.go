@@ -180,6 +180,19 @@ type ReleaseNotifier interface {
 	NotifyReleased(ctx context.Context, resource string) (signal <-chan struct{}, stop func(), err error)
 }
 
+// Waiter is implemented by a driver whose engine waits for a busy resource itself: a fenced
+// service (backend/remote), which queues its waiters first come, first served and wakes them
+// on its own releases and its database's signal. fenced.Store.AcquireWait then sends the wait
+// to the engine instead of polling it.
+type Waiter interface {
+	// AcquireWait is Acquire that, while the resource is busy, waits in the engine for up to
+	// wait before it answers *BusyError. The driver may wait less than asked (an engine's
+	// limit on one wait); the caller asks again. owner is installed as by Acquire, the same
+	// one on every call, so that after an unknown outcome the caller can recognise its own
+	// acquisition in the row.
+	AcquireWait(ctx context.Context, resource, owner string, ttl, wait time.Duration) (Grant, error)
+}
+
 // Granter is implemented by a driver that can expose the protocol as database routines and
 // grant a role the right to execute them and nothing else on the tables, so that no code
 // connected as that role can bypass the fence.

@@ -286,11 +286,12 @@ type Lease struct {
 type AcquireRequest struct {
 	TTL Millis `json:"ttl_ms"`
 	// Owner is the identity to install; empty: the server draws a fresh random one. A client
-	// that may retry after a lost reply chooses its own, to recognise its acquisition.
+	// that may retry after a lost reply chooses its own, to recognise its acquisition (and,
+	// after a waiting acquisition's lost reply, to release it).
 	Owner string `json:"owner,omitempty"`
 	// Wait is how long to wait while the resource is busy (fenced.Store.AcquireWait), at most
-	// Options.MaxWait; 0 answers busy at once. It cannot be combined with Owner: a waiting
-	// acquisition's owner is drawn by the server (and named in an outcome-unknown answer).
+	// Options.MaxWait; 0 answers busy at once. Every attempt of the wait installs Owner when
+	// it is given (fenced.AsOwner).
 	Wait Millis `json:"wait_ms,omitempty"`
 }
 
@@ -305,6 +306,7 @@ type LeaseRequest struct {
 type Info struct {
 	MaxPayloadBytes    int      `json:"max_payload_bytes"`
 	MaxTTL             Millis   `json:"max_ttl_ms"`
+	MaxWait            Millis   `json:"max_wait_ms"` // the longest wait_ms an acquisition may ask for
 	MinPruneAge        Millis   `json:"min_prune_age_ms"`
 	DurabilityWarnings []string `json:"durability_warnings"`
 	// DurabilityError is set when the settings could not be read.
@@ -354,7 +356,7 @@ type Operation struct {
 const outcomeNone = "none"
 
 func (s *Server) info(w http.ResponseWriter, r *http.Request) {
-	in := Info{MaxPayloadBytes: s.store.MaxPayloadBytes(), MaxTTL: millis(s.store.MaxTTL()),
+	in := Info{MaxPayloadBytes: s.store.MaxPayloadBytes(), MaxTTL: millis(s.store.MaxTTL()), MaxWait: millis(s.opts.MaxWait),
 		MinPruneAge: millis(s.store.MinPruneAge()), DurabilityWarnings: []string{}}
 	ws, err := s.store.CheckDurability(r.Context())
 	if err != nil {
@@ -436,10 +438,8 @@ func (s *Server) acquire(w http.ResponseWriter, r *http.Request) {
 		case err != nil:
 		case wait > s.opts.MaxWait:
 			err = &fenced.InvalidError{Arg: "wait_ms", Reason: fmt.Sprintf("%s is longer than this service's limit %s", wait, s.opts.MaxWait)}
-		case req.Owner != "":
-			err = &fenced.InvalidError{Arg: "owner", Reason: "a waiting acquisition's owner is drawn by the service; give owner or wait_ms, not both"}
 		default:
-			s.acquireWait(w, r, resource, ttl, wait)
+			s.acquireWait(w, r, resource, req.Owner, ttl, wait)
 			return
 		}
 	}

@@ -60,8 +60,9 @@ func (s *Server) shuttingDown(w http.ResponseWriter, r *http.Request) {
 
 // acquireWait waits up to wait for the lease. The wait ends early when the client hangs up or
 // the service shuts down (503 shutting-down); at its end the resource is still busy (409).
-// A lease granted after its client hung up is released at once.
-func (s *Server) acquireWait(w http.ResponseWriter, r *http.Request, resource string, ttl, wait time.Duration) {
+// A lease granted after its client hung up is released at once. A non-empty owner is installed
+// by every attempt (fenced.AsOwner); otherwise the store draws one.
+func (s *Server) acquireWait(w http.ResponseWriter, r *http.Request, resource, owner string, ttl, wait time.Duration) {
 	if s.stopping.Err() != nil {
 		s.shuttingDown(w, r)
 		return
@@ -77,7 +78,11 @@ func (s *Server) acquireWait(w http.ResponseWriter, r *http.Request, resource st
 	handover := make(chan *parking, 1) // the parked waiter, which then answers
 	s.metrics.waiters.Inc()
 	go func() {
-		l, err := s.store.AcquireWait(ctx, resource, ttl, fenced.OnWaiting(func() { close(waiting) }))
+		opts := []fenced.WaitOption{fenced.OnWaiting(func() { close(waiting) })}
+		if owner != "" {
+			opts = append(opts, fenced.AsOwner(owner))
+		}
+		l, err := s.store.AcquireWait(ctx, resource, ttl, opts...)
 		cancelWait()
 		stopStopping()
 		res := waitResult{lease: l, err: err}
@@ -234,6 +239,9 @@ func (p *parking) answer(res waitResult) {
 	s := p.c.s
 	defer s.parked.done()
 	l := p.c.answer(p.rec, &http.Request{Method: p.method, URL: &url.URL{Path: p.path}}, res)
+	// Decided: a hang-up from now on (a client that closes once it has read the answer) is
+	// not a waiter gone; a failed write below is handled by itself.
+	p.answered.Store(true)
 	if !p.rec.gone {
 		if err := p.out.send(p.conn, p.minor); err != nil {
 			s.log.Warn("fenced serve: the answer to a waiting client could not be written", "request_id",
@@ -244,7 +252,6 @@ func (p *parking) answer(res waitResult) {
 			}
 		}
 	}
-	p.answered.Store(true)
 	_ = p.conn.Close()
 	p.c.cancel(nil)
 	p.rec.finish()

@@ -59,7 +59,7 @@ func TestAcquireWaitThroughService(t *testing.T) {
 	}{
 		"a short wait":          {map[string]any{"ttl_ms": 1000, "wait_ms": 30}, 409, server.TypeBusy},
 		"a wait past the limit": {map[string]any{"ttl_ms": 1000, "wait_ms": 3.6e9}, 400, server.TypeInvalid},
-		"a wait with an owner":  {map[string]any{"ttl_ms": 1000, "wait_ms": 30, "owner": "me"}, 400, server.TypeInvalid},
+		"a wait with an owner":  {map[string]any{"ttl_ms": 1000, "wait_ms": 30, "owner": "me"}, 409, server.TypeBusy},
 		"a negative wait":       {map[string]any{"ttl_ms": 1000, "wait_ms": -5}, 400, server.TypeInvalid},
 	} {
 		a := acquire(c.body)

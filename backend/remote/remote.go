@@ -70,13 +70,22 @@ type Driver struct {
 	token  string
 	own    *http.Transport // closed by Close; nil when the caller gave the client
 	maxPay atomic.Int64
-	closed atomic.Bool
+	// maxWait is the service's limit on one wait (from /v1/info), 0 until asked.
+	maxWait atomic.Int64
+	closed  atomic.Bool
 }
 
 // errClosed is returned by every call after Close, as by a closed database handle.
 var errClosed = errors.New("the fenced service client is closed")
 
-var _ driver.Driver = (*Driver)(nil)
+var (
+	_ driver.Driver = (*Driver)(nil)
+	_ driver.Waiter = (*Driver)(nil)
+)
+
+// defaultMaxWait is the wait limit assumed of a service whose /v1/info does not name one
+// (the service's default).
+const defaultMaxWait = 5 * time.Minute
 
 // Open returns a driver for the service at rawURL (http:// or https://, with an optional
 // path prefix). It sends nothing until the first call.
@@ -264,6 +273,7 @@ func ms(d time.Duration) float64 { return float64(d) / float64(time.Millisecond)
 
 type info struct {
 	MaxPayloadBytes    int64    `json:"max_payload_bytes"`
+	MaxWait            float64  `json:"max_wait_ms"`
 	DurabilityWarnings []string `json:"durability_warnings"`
 	DurabilityError    string   `json:"durability_error"`
 }
@@ -281,6 +291,11 @@ func (d *Driver) info(ctx context.Context) (info, error) {
 		return info{}, err
 	}
 	d.maxPay.Store(in.MaxPayloadBytes)
+	maxWait := time.Duration(in.MaxWait * float64(time.Millisecond))
+	if maxWait <= 0 {
+		maxWait = defaultMaxWait
+	}
+	d.maxWait.Store(int64(maxWait))
 	return in, nil
 }
 
@@ -325,9 +340,27 @@ type lease struct {
 }
 
 func (d *Driver) Acquire(ctx context.Context, resource, owner string, ttl time.Duration) (driver.Grant, error) {
-	op := "acquire"
-	r, err := d.doJSON(ctx, op, http.MethodPost, "/v1/resources/"+escape(resource)+"/acquire",
-		map[string]any{"ttl_ms": ms(ttl), "owner": owner})
+	return d.acquire(ctx, "acquire", resource, map[string]any{"ttl_ms": ms(ttl), "owner": owner})
+}
+
+// AcquireWait sends the acquisition with wait_ms, so that the service waits for the resource
+// in its own queue (first come, first served among its waiters), at most the service's limit
+// on one wait (max_wait_ms of /v1/info, asked once). An acquisition that waited is answered
+// on a connection the service then closes.
+func (d *Driver) AcquireWait(ctx context.Context, resource, owner string, ttl, wait time.Duration) (driver.Grant, error) {
+	limit := time.Duration(d.maxWait.Load())
+	if limit == 0 {
+		if _, err := d.info(ctx); err != nil {
+			return driver.Grant{}, driver.NotApplied(fmt.Errorf("acquire: reading the service's limit on waits: %w", err))
+		}
+		limit = time.Duration(d.maxWait.Load())
+	}
+	wait = max(min(wait, limit), time.Millisecond)
+	return d.acquire(ctx, "acquire with wait", resource, map[string]any{"ttl_ms": ms(ttl), "owner": owner, "wait_ms": ms(wait)})
+}
+
+func (d *Driver) acquire(ctx context.Context, op, resource string, body map[string]any) (driver.Grant, error) {
+	r, err := d.doJSON(ctx, op, http.MethodPost, "/v1/resources/"+escape(resource)+"/acquire", body)
 	if err != nil {
 		return driver.Grant{}, err
 	}

@@ -1,8 +1,18 @@
 package cli_test
 
 import (
+	"bytes"
+	"context"
 	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
 	"testing"
+	"time"
 
 	"github.com/fenced-dev/fenced/cmd/fenced/cli"
 )
@@ -35,4 +45,79 @@ func TestAcquireWait(t *testing.T) {
 		}
 		tg.fails(cli.ExitRefused, []byte("late"), leaseArgs("publish", res, short)...)
 	})
+}
+
+// TestAcquireWaitInService: `fenced --db http://… acquire R --ttl D --wait D` waits in the
+// service (its waiter is counted in the service's fenced_waiters gauge, the barrier before
+// the holder lets go) and gets the lease when the holder releases, and again when an epoch
+// bump frees the holder's lease.
+func TestAcquireWaitInService(t *testing.T) {
+	dir := t.TempDir()
+	s := startService(t, "--db", "sqlite:"+filepath.Join(dir, "service.db"))
+	tg := target{t: t, url: s.url, dir: dir}
+	res := "wait in service ü"
+	tg.ok(nil, "provision", res)
+	tg.ok(nil, "epoch", "bump")
+	for _, free := range []string{"release", "epoch bump"} {
+		holder := tg.acquire(res, "1h")
+		got := make(chan result, 1)
+		go func() { got <- runAsync(dir, s.url, "acquire", res, "--ttl", "1m", "--wait", "1m") }()
+		waitForWaiters(t, s.url, 1)
+		if free == "release" {
+			tg.ok(nil, leaseArgs("release", res, holder)...)
+		} else {
+			tg.ok(nil, "epoch", "bump")
+		}
+		r := <-got
+		if r.code != 0 {
+			t.Fatalf("%s: the waiter exited %d: %s", free, r.code, r.stderr)
+		}
+		next := decode[leaseOut](t, r.stdout)
+		if next.Generation != holder.Generation+1 || (free == "release") != (next.Epoch == holder.Epoch) {
+			t.Fatalf("%s: the holder had %s, the waiter got %s", free, holder.Token, next.Token)
+		}
+		tg.ok(nil, leaseArgs("release", res, next)...)
+	}
+}
+
+// runAsync runs the binary like runIn, for a goroutine: it reports failures in its result.
+func runAsync(dir, db string, args ...string) result {
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, bin, args...)
+	cmd.Dir = dir
+	cmd.Env = append(os.Environ(), "FENCED_DB="+db)
+	var stdout, stderr bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &stdout, &stderr
+	err := cmd.Run()
+	r := result{code: cmd.ProcessState.ExitCode(), stdout: stdout.Bytes(), stderr: stderr.String()}
+	if _, ok := err.(*exec.ExitError); err != nil && !ok {
+		r.code, r.stderr = -1, err.Error()
+	}
+	return r
+}
+
+// waitForWaiters returns once the service at url counts n waiting acquisitions.
+func waitForWaiters(t *testing.T, url string, n int) {
+	t.Helper()
+	want := fmt.Sprintf("fenced_waiters %d\n", n)
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		resp, err := http.Get(url + "/metrics")
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, err := io.ReadAll(resp.Body)
+		_ = resp.Body.Close()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if strings.Contains(string(b), want) {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the service does not count %d waiters after 30 s", n)
+		}
+		<-time.After(10 * time.Millisecond) // a polling interval: the condition above orders the test
+	}
 }
