@@ -42,7 +42,10 @@ const (
 // scripts), a release, publish-and-release or epoch bump anywhere (and on etcd the end of the
 // lease's TTL) wakes the first waiter of every Store at once, while the Store's listening
 // connection is up; without it, the waiters fall back to the polling above
-// (drivertest's WaiterWokenBySignal and WaiterRetriesAtExpiry).
+// (drivertest's WaiterWokenBySignal and WaiterRetriesAtExpiry). Where the driver waits itself
+// (driver.Waiter: the remote driver, whose service queues its waiters), the wait is sent to it
+// instead of polling: see acquireWaitInEngine. OnWaiting is then called only when such a wait
+// ends busy and another is sent, or when the waiter queues behind an earlier one.
 func (s *Store) AcquireWait(ctx context.Context, resource string, ttl time.Duration, opts ...WaitOption) (*Lease, error) {
 	if err := validResource(resource); err != nil {
 		return nil, err
