@@ -2,6 +2,7 @@ package server_test
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -44,6 +45,7 @@ func BenchmarkCycle(b *testing.B) {
 			direct := newStore(b, back.open(b))
 			h := startServerWith(b, newStore(b, back.open(b)), &server.Options{Logger: slog.New(slog.DiscardHandler)}, false)
 			remoteS := remoteStore(b, h, "")
+			floor := floorServer(b)
 			for round := range benchRounds() {
 				for _, n := range []int{1, 16, 64} {
 					for _, impl := range []struct {
@@ -52,9 +54,49 @@ func BenchmarkCycle(b *testing.B) {
 					}{{"library", direct}, {"service", remoteS}} {
 						b.Run(fmt.Sprintf("round=%d/clients=%d/impl=%s", round+1, n, impl.name), func(b *testing.B) { cycle(b, impl.store, impl.name, n) })
 					}
+					if n == 1 {
+						b.Run(fmt.Sprintf("round=%d/clients=1/impl=http-floor", round+1), func(b *testing.B) { httpFloor(b, floor) })
+					}
 				}
 			}
 		})
+	}
+}
+
+// floorServer is a loopback HTTP/1.1 server whose handler answers a lease without a database:
+// the floor under the service's cost, two of its round trips per cycle.
+func floorServer(b *testing.B) string {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		b.Fatal(err)
+	}
+	body := []byte(`{"resource":"bench","owner":"o","token":"1.1","epoch":1,"generation":1,"lease_until":"2026-01-01T00:00:00Z"}` + "\n")
+	srv := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.Copy(io.Discard, r.Body)
+		w.Header().Set("Content-Type", "application/json")
+		_, _ = w.Write(body)
+	})}
+	go func() { _ = srv.Serve(ln) }()
+	b.Cleanup(func() { _ = srv.Close() })
+	return "http://" + ln.Addr().String() + "/v1/resources/bench/acquire"
+}
+
+// httpFloor is one cycle's two HTTP round trips (the remote driver's transport settings)
+// to floorServer: what the service's cycle costs beyond the library's, at the least.
+func httpFloor(b *testing.B, url string) {
+	tr := http.DefaultTransport.(*http.Transport).Clone()
+	tr.MaxIdleConnsPerHost = tr.MaxIdleConns
+	defer tr.CloseIdleConnections()
+	c := &http.Client{Transport: tr}
+	req := []byte(`{"ttl_ms":60000,"owner":"o"}`)
+	b.ResetTimer()
+	for range 2 * b.N {
+		resp, err := c.Post(url, "application/json", bytes.NewReader(req))
+		if err != nil {
+			b.Fatal(err)
+		}
+		_, _ = io.Copy(io.Discard, resp.Body)
+		_ = resp.Body.Close()
 	}
 }
 
