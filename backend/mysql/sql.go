@@ -201,10 +201,17 @@ FROM fenced_resources WHERE resource = :resource`)
 	// sqlRenew: the new expiry is computed once, in microseconds, handed to LAST_INSERT_ID (so
 	// that it comes back in the reply) and stored from that same number: the value returned is
 	// exactly the value written. A renewal that writes the value already there still matches,
-	// because connections report matched rows.
+	// because connections report matched rows. The clock is read once, by the comparison that
+	// decides that the lease is live (after the row lock), into @fenced_renew_now (µs), and the new
+	// expiry is that reading + ttl: SYSDATE(6) read again in SET would be later by however long
+	// the server took in between, and the expiry returned would then put the renewal after the
+	// lease's expiry although it was judged live before it (TestRenewReturnsDecidingClock).
+	// Evaluated in WHERE before SET for the row; when the lease does not match, SET is not
+	// evaluated and the variable is not used.
 	sqlRenew = newStmt("renew", kindExec, `UPDATE fenced_resources
-SET lease_until = TIMESTAMPADD(MICROSECOND, LAST_INSERT_ID(`+clockAfterLockMicros+` + :ttl), `+unixEpoch+`)
-WHERE `+leaseMatches+` AND lease_until > `+clockAfterLock)
+SET lease_until = TIMESTAMPADD(MICROSECOND, LAST_INSERT_ID(@fenced_renew_now + :ttl), `+unixEpoch+`)
+WHERE `+leaseMatches+`
+  AND lease_until > TIMESTAMPADD(MICROSECOND, (@fenced_renew_now := `+clockAfterLockMicros+`), `+unixEpoch+`)`)
 
 	publishSet = `payload = :payload, published_generation = :generation, published_epoch = :epoch,
     published_at = ` + clockAfterLock + `,

@@ -24,6 +24,21 @@ import (
 // illegal; Check never reports that verdict on this search's word alone when porcupine can
 // decide: it then runs porcupine, whose memo is exact, for the verdict and the culprit.
 
+// unobservable is the owner of a state whose real owner no operation left to order names: an
+// owner appears in the model only through the operations that name it (its acquisition, its
+// lease's renewals, publications and releases, a read or a copy that returned it, a restore
+// that sets it), and every other step treats two owners that none of them names alike (an
+// acquisition's owner differs from both, a release, publication or renewal by another owner
+// is not current in either, a read returns neither, or "" for both). So once the last
+// operation naming an owner is ordered, the states that differ only in such owners have the
+// same futures, and are kept as one. This is exact, not an approximation: it changes no
+// verdict. It matters where outcomes are unknown in bursts: k acquisitions without a reply,
+// each taking effect or not, leave the resource at any of k generations with any of k owners
+// (k² states), where nothing after them names those owners (their workers never used the
+// leases) and the owner-blind k states are enough. Operations never name it: owner
+// identities are made by the workers and are never empty, never start with a NUL.
+const unobservable = "\x00unobservable"
+
 // verdict is the outcome of one resource's search.
 type verdict int
 
@@ -41,14 +56,23 @@ type searchResult struct {
 	culprit int
 	depth   int // longest partial linearization, in operations
 	order   []int
+	states  int // the most states a set held
 }
 
 // stateSet is one element of the powerset construction: the states the resource may be in,
-// without duplicates, with two order-independent hashes.
+// without duplicates, with two order-independent hashes. Past a few states, add finds a
+// duplicate through index (keyed by the state's first hash, every state with that hash
+// compared in full) instead of comparing with every state: a burst of outcomes left unknown
+// (Redis: acquisitions timing out through a restart or a stalled connection, each taking effect
+// or not) makes sets of thousands of states, and a linear scan made each step quadratic in
+// the set's size. It changes nothing in which states the set holds.
 type stateSet struct {
 	states []state
 	h1, h2 uint64
+	index  map[uint64][]int32 // past indexFrom states: positions in states by their seed1 hash
 }
+
+const indexFrom = 16
 
 var (
 	seed1 = maphash.MakeSeed()
@@ -64,13 +88,32 @@ func newStateSet(states []state) stateSet {
 }
 
 func (s *stateSet) add(st state) {
-	for _, have := range s.states {
-		if have == st {
-			return
+	k1 := maphash.Comparable(seed1, st)
+	if s.index == nil {
+		for _, have := range s.states {
+			if have == st {
+				return
+			}
+		}
+		if len(s.states) == indexFrom {
+			s.index = make(map[uint64][]int32, 2*indexFrom)
+			for i, have := range s.states {
+				k := maphash.Comparable(seed1, have)
+				s.index[k] = append(s.index[k], int32(i))
+			}
+		}
+	} else {
+		for _, i := range s.index[k1] {
+			if s.states[i] == st {
+				return
+			}
 		}
 	}
+	if s.index != nil {
+		s.index[k1] = append(s.index[k1], int32(len(s.states)))
+	}
 	s.states = append(s.states, st)
-	s.h1 += maphash.Comparable(seed1, st)
+	s.h1 += k1
 	s.h2 += maphash.Comparable(seed2, st)
 }
 
@@ -153,6 +196,62 @@ func search(ops []porcupine.Operation, init []state, deadline time.Time) searchR
 	for i := range n {
 		z1[i], z2[i] = rng.Uint64(), rng.Uint64()
 	}
+	// Owners no operation left to order can tell apart (see unobservable) are replaced by one
+	// placeholder. mentions[i] are the owners operation i names (in its input, or in what a read
+	// returned); left counts, per owner, the operations naming it not yet ordered.
+	ownerID := map[string]int32{}
+	mentions := make([][]int32, n)
+	var left []int32
+	for i, op := range ops {
+		in, out := op.Input.(input), op.Output.(output)
+		for _, o := range [2]string{in.Owner, out.Owner} {
+			if o == "" {
+				continue
+			}
+			id, ok := ownerID[o]
+			if !ok {
+				id = int32(len(left))
+				ownerID[o] = id
+				left = append(left, 0)
+			}
+			if len(mentions[i]) == 0 || mentions[i][0] != id {
+				mentions[i] = append(mentions[i], id)
+				left[id]++
+			}
+		}
+	}
+	dead := func(owner string) bool {
+		if owner == "" || owner == unobservable {
+			return false
+		}
+		id, ok := ownerID[owner]
+		return !ok || left[id] == 0
+	}
+	canonical := func(s stateSet) stateSet {
+		changed := false
+		for _, st := range s.states {
+			if dead(st.Owner) {
+				changed = true
+				break
+			}
+		}
+		if !changed {
+			return s
+		}
+		var c stateSet
+		for _, st := range s.states {
+			if dead(st.Owner) {
+				st.Owner = unobservable
+			}
+			c.add(st)
+		}
+		return c
+	}
+	order := func(op int, delta int32) {
+		for _, id := range mentions[op] {
+			left[id] += delta
+		}
+	}
 	var lin1, lin2 uint64
 	type key struct{ a, b uint64 }
 	seen := make(map[key]struct{}, n)
@@ -175,8 +274,13 @@ func search(ops []porcupine.Operation, init []state, deadline time.Time) searchR
 			op := ops[e.op]
 			next, ok := stepSet(st, op.Input.(input), op.Output.(output))
 			if ok {
+				order(e.op, -1)
+				next = canonical(next)
+				res.states = max(res.states, len(next.states))
 				k := key{lin1 ^ z1[e.op] ^ next.h1, lin2 ^ z2[e.op] ^ next.h2*0x9e3779b97f4a7c15}
-				if _, done := seen[k]; !done {
+				if _, done := seen[k]; done {
+					order(e.op, 1)
+				} else {
 					seen[k] = struct{}{}
 					lin1, lin2 = lin1^z1[e.op], lin2^z2[e.op]
 					calls = append(calls, frame{cur, st})
@@ -203,6 +307,7 @@ func search(ops []porcupine.Operation, init []state, deadline time.Time) searchR
 		cur, st = top.e, top.state
 		op := ev[cur].op
 		lin1, lin2 = lin1^z1[op], lin2^z2[op]
+		order(op, 1)
 		unlift(cur)
 		cur = ev[cur].next
 	}
