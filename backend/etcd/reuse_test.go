@@ -1,11 +1,15 @@
 package etcd
 
 import (
+	"context"
 	"fmt"
+	"strings"
+	"sync"
 	"testing"
 	"time"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
+	"google.golang.org/grpc"
 
 	"github.com/fenced-dev/fenced/driver"
 )
@@ -213,5 +217,96 @@ func TestUnconfirmedReleaseIsNotReused(t *testing.T) {
 				}
 			})
 		}
+	}
+}
+
+// rpcCounter counts the calls of each gRPC method a client makes, streams included.
+type rpcCounter struct {
+	mu sync.Mutex
+	n  map[string]int
+}
+
+func (c *rpcCounter) add(method string) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.n[method[strings.LastIndex(method, "/")+1:]]++
+}
+
+func (c *rpcCounter) unary(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn,
+	invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
+	c.add(method)
+	return invoker(ctx, method, req, reply, cc, opts...)
+}
+
+func (c *rpcCounter) stream(ctx context.Context, desc *grpc.StreamDesc, cc *grpc.ClientConn, method string,
+	streamer grpc.Streamer, opts ...grpc.CallOption) (grpc.ClientStream, error) {
+	c.add(method)
+	return streamer(ctx, desc, cc, method, opts...)
+}
+
+func (c *rpcCounter) take() map[string]int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	n := c.n
+	c.n = map[string]int{}
+	return n
+}
+
+// TestReuseBoundsGrants: 16 goroutines, each acquiring and releasing its own resource 40 times
+// with nothing granted ahead, grant at most one etcd lease each (then reuse it after a
+// keepalive) and revoke none; without reuse (the mutation), every acquisition grants and every
+// release revokes. The counts of the default driver (leases granted ahead as well) are logged.
+func TestReuseBoundsGrants(t *testing.T) {
+	const workers, cycles = 16, 40
+	for _, variant := range []string{"reuse", "no reuse (mutant)", "default"} {
+		t.Run(variant, func(t *testing.T) {
+			ctx := testCtx(t)
+			c := &rpcCounter{n: map[string]int{}}
+			cli := newClientWith(t, cluster.endpoints(), grpc.WithChainUnaryInterceptor(c.unary), grpc.WithChainStreamInterceptor(c.stream))
+			opts := &Options{Prefix: newPrefix(), AheadBound: -1, DisableLeaseReuse: variant == "no reuse (mutant)"}
+			if variant == "default" {
+				opts.AheadBound = 0
+			}
+			d := New(cli, opts)
+			resources := make([]string, workers)
+			for w := range resources {
+				resources[w] = fmt.Sprintf("counted résource\x00 %d", w)
+			}
+			prepare(t, d, resources...)
+			c.take()
+			var wg sync.WaitGroup
+			for w := range workers {
+				wg.Go(func() {
+					for range cycles {
+						g, err := d.Acquire(ctx, resources[w], "counted", time.Minute)
+						if err != nil {
+							t.Error(err)
+							return
+						}
+						if ok, err := d.Release(ctx, driver.LeaseRef{Resource: resources[w], Owner: "counted", Epoch: g.Epoch, Generation: g.Generation}); !ok || err != nil {
+							t.Errorf("release: %v %v", ok, err)
+							return
+						}
+					}
+				})
+			}
+			wg.Wait()
+			if err := d.Close(); err != nil { // waits for the background grants and revocations
+				t.Fatal(err)
+			}
+			n := c.take()
+			t.Logf("%s: %d cycles: %v (Close's revocations of the pools included)", variant, workers*cycles, n)
+			grants, revokes := n["LeaseGrant"], n["LeaseRevoke"]
+			switch caught := grants > workers; variant {
+			case "reuse":
+				if caught || revokes > workers {
+					t.Fatalf("%d grants and %d revocations for %d acquisitions by %d goroutines", grants, revokes, workers*cycles, workers)
+				}
+			case "no reuse (mutant)":
+				if !caught {
+					t.Fatalf("mutant not caught: %d grants", grants)
+				}
+			}
+		})
 	}
 }
