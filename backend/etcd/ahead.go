@@ -104,6 +104,7 @@ type ahead struct {
 	pending map[int64]int                   // grants in flight, by the same key
 	inUse   map[clientv3.LeaseID]aheadLease // taken from the pool by an acquisition
 	snaps   map[string]leaseSnapshot
+	reuse   reusePool // released leases kept alive for the next acquisitions (reuse.go)
 	bg      sync.WaitGroup
 	// The tender (tend) keeps windows open: demand by key, the TTL last asked for, the last
 	// acquisition that took or missed a lease, and whether it runs.
@@ -294,7 +295,8 @@ func (d *Driver) leaseOutcomeUnknown(id clientv3.LeaseID) {
 }
 
 // released takes back an etcd lease that no key uses any more: into the pool if it came from
-// there and etcd cannot have expired it yet, otherwise it is revoked in the background.
+// there and etcd cannot have expired it yet, into the reuse pool if an acquisition granted or
+// reused it (reuse.go), otherwise it is revoked in the background.
 func (d *Driver) released(id clientv3.LeaseID) {
 	a := &d.ahead
 	a.mu.Lock()
@@ -306,6 +308,10 @@ func (d *Driver) released(id clientv3.LeaseID) {
 		return
 	}
 	a.mu.Unlock()
+	if o, owned := d.ownedLeaseOf(id); owned && !ok {
+		d.releasedOwned(o)
+		return
+	}
 	d.revokeLater(id)
 }
 
@@ -448,6 +454,14 @@ func (d *Driver) closeAhead() {
 	leases := a.leases
 	a.leases = nil
 	a.mu.Unlock()
+	if idle := d.closeReuse(); len(idle) > 0 {
+		if leases == nil {
+			leases = map[int64][]aheadLease{}
+		}
+		for _, id := range idle { // the reuse pool's (reuse.go), under a key no TTL has
+			leases[0] = append(leases[0], aheadLease{id: id})
+		}
+	}
 	// The pool may hold a few hundred leases: revoked sixteen at a time.
 	var wg sync.WaitGroup
 	sem := make(chan struct{}, 16)

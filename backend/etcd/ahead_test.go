@@ -30,23 +30,32 @@ func ownerLease(t *testing.T, d *Driver, resource string) (clientv3.LeaseID, int
 // aheadDriver opens a driver on a new prefix, migrated, with its epoch bumped and the resource
 // provisioned, and a channel told of each lease granted ahead.
 func aheadDriver(t *testing.T, resource string) (*Driver, chan struct{}) {
-	ctx := testCtx(t)
 	d := openDriver(t, cluster.endpoints(), newPrefix())
 	granted := make(chan struct{}, maxAhead)
 	d.ahead.mu.Lock()
 	d.ahead.granted = func() { granted <- struct{}{} }
 	d.ahead.manual = true // these tests follow one lease granted ahead
 	d.ahead.mu.Unlock()
+	prepare(t, d, resource)
+	return d, granted
+}
+
+// prepare migrates the store, bumps its epoch (so that no test passes because epoch and
+// generation coincide) and provisions the resources.
+func prepare(t *testing.T, d *Driver, resources ...string) {
+	t.Helper()
+	ctx := testCtx(t)
 	if err := d.Migrate(ctx); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := d.BumpEpoch(ctx); err != nil {
 		t.Fatal(err)
 	}
-	if err := d.Provision(ctx, resource); err != nil {
-		t.Fatal(err)
+	for _, r := range resources {
+		if err := d.Provision(ctx, r); err != nil {
+			t.Fatal(err)
+		}
 	}
-	return d, granted
 }
 
 // pooledLease waits for the lease that the warm-up's refill grants ahead for ttl, and returns

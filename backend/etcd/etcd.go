@@ -10,7 +10,9 @@
 // lease's TTL (rounded UP to whole seconds, which is all etcd offers, and raised by etcd to its
 // own minimum, 2 s with the default election timeout); an etcd lease granted ahead of the
 // acquisition (ahead.go) is used only in the window of its life where etcd keeps it at least
-// the TTL from the acquisition's start and at most Options.AheadBound (1 s) more. When the
+// the TTL from the acquisition's start and at most Options.AheadBound (1 s) more, and one
+// that a confirmed release freed is reused by a later acquisition after a keepalive that
+// starts its life again (reuse.go). When the
 // etcd lease runs out the cluster deletes the owner key, and every later Txn that requires it fails. No client clock decides
 // anything. Because etcd exposes no clock of its own, the times this backend reports are the
 // local clock's and informational: lease_until is the local time at grant plus the granted TTL
@@ -118,6 +120,14 @@ type Options struct {
 	// grant for one second, as before the bound existed; negative: never grant ahead (every
 	// acquisition grants its own lease, rounded up to whole seconds: see above).
 	AheadBound time.Duration
+
+	// DisableLeaseReuse revokes the etcd lease of each acquisition after its release instead
+	// of keeping it for a later acquisition (reuse.go): every acquisition that finds no lease
+	// granted ahead in its window then grants one, a Raft write, where a reused lease costs
+	// one keepalive answered by the leader. For comparison (bench/peers) and for clusters
+	// that must not hold leases for released resources (at most the ones in use at once, per
+	// TTL, each for at most its TTL after the last use).
+	DisableLeaseReuse bool
 }
 
 // DefaultAheadBound is Options.AheadBound's default.
@@ -134,6 +144,7 @@ type Driver struct {
 	// skipRevoke, set only by tests, simulates an etcd lease revocation whose request was
 	// lost, leaving a detached etcd lease alive.
 	skipRevoke bool
+	noReuse    bool // Options.DisableLeaseReuse
 
 	ahead ahead // leases granted ahead, cached snapshots, background revocations (ahead.go)
 }
@@ -155,6 +166,7 @@ func New(client *clientv3.Client, opts *Options) *Driver {
 		if opts.MaxPayloadBytes > 0 {
 			d.maxPayload = opts.MaxPayloadBytes
 		}
+		d.noReuse = opts.DisableLeaseReuse
 	}
 	return d
 }
@@ -344,29 +356,32 @@ func (d *Driver) Acquire(ctx context.Context, resource, owner string, ttl time.D
 		return driver.Grant{}, snap.busy(rowEpoch, gen)
 	}
 
+	// A lease of ahead.go in its window (ok), else one of the reuse pool kept alive once or a
+	// fresh grant (reuse.go).
 	lease, ok := d.takeLease(ttl)
+	var own ownedLease
 	if !ok {
-		sent := time.Now()
-		resp, err := d.cli.Grant(ctx, ttlSeconds(ttl))
-		if err != nil {
-			return driver.Grant{}, driver.NotApplied(fmt.Errorf("grant etcd lease: %w", err))
+		if own, err = d.acquisitionLease(ctx, ttl, resource, owner); err != nil {
+			return driver.Grant{}, driver.NotApplied(err)
 		}
-		lease = aheadLease{id: resp.ID, ttl: resp.TTL, sent: sent}
+		lease = aheadLease{id: own.id, ttl: own.ttl, sent: own.sent}
 	}
 	keep, granted := false, false
 	defer func() {
 		// A refused acquisition, or one that certainly did not happen, leaves nothing attached
-		// to the etcd lease: it goes back to the pool (or is revoked, as cleanup). After an
-		// unknown outcome the etcd lease is left alone: the acquisition may have happened, and
-		// it then holds the resource until the etcd lease runs out, like any holder that
-		// vanished.
+		// to the etcd lease: it goes back to its pool (or is revoked, as cleanup). After an
+		// unknown outcome the etcd lease is left alone and never reused: the acquisition may
+		// have happened, and it then holds the resource until the etcd lease runs out, like
+		// any holder that vanished.
 		switch {
 		case !keep && ok:
 			d.putBack(lease)
-		case !keep:
-			d.revokeLater(lease.id)
+		case !keep && own.id != 0:
+			d.releasedOwned(own)
 		case !granted && ok:
 			d.leaseOutcomeUnknown(lease.id)
+		case !granted:
+			d.forgetOwned(own.id)
 		}
 	}()
 	until := lease.sent.Add(time.Duration(lease.ttl) * time.Second)
@@ -374,6 +389,9 @@ func (d *Driver) Acquire(ctx context.Context, resource, owner string, ttl time.D
 		free := clientv3.Compare(clientv3.CreateRevision(k.owner), "=", 0)
 		if snap.owner != nil {
 			free = clientv3.Compare(clientv3.Value(k.gen), "<", encodeToken(epoch, 0))
+		}
+		if hook := d.ahead.reuse.beforeTxn; hook != nil {
+			hook(lease.id)
 		}
 		resp, err := d.txn(ctx, "acquire",
 			[]clientv3.Cmp{clientv3.Compare(clientv3.ModRevision(k.gen), "=", snap.gen.modRevision),
@@ -383,6 +401,24 @@ func (d *Driver) Acquire(ctx context.Context, resource, owner string, ttl time.D
 				clientv3.OpPut(k.holder, owner),
 				clientv3.OpPut(k.until, encodeTime(until))},
 			d.readLeaseOps(k))
+		if err != nil && leaseGone(err) && !d.ahead.reuse.goneIsError {
+			// etcd expired the lease after its grant or keepalive was answered and before
+			// this Txn arrived (a pause), and refused the whole Txn: nothing happened. Try
+			// again from the same snapshot on a lease granted now.
+			if ok {
+				d.leaseOutcomeUnknown(lease.id) // gone: it leaves ahead.go's pool
+				ok = false
+			} else {
+				d.forgetOwned(own.id)
+			}
+			if own, err = d.grantOwned(ctx, ttl, resource, owner); err != nil {
+				own = ownedLease{}
+				return driver.Grant{}, driver.NotApplied(err)
+			}
+			lease = aheadLease{id: own.id, ttl: own.ttl, sent: own.sent}
+			until = lease.sent.Add(time.Duration(lease.ttl) * time.Second)
+			continue
+		}
 		if err != nil {
 			d.forget(resource)
 			keep = !errors.Is(err, driver.ErrNotApplied)
@@ -437,8 +473,9 @@ func (d *Driver) holds(k keys, l driver.LeaseRef, who string) []clientv3.Cmp {
 // g's owner key has been deleted (by expiry, revocation or release) or the generation has moved
 // on, every Txn of generation g fails on its token or owner compares, whatever etcd lease is
 // kept alive. An etcd lease carries one acquisition's owner key at a time; one from the pool
-// of leases granted ahead may carry a later acquisition's key after a release deleted the
-// earlier one (ahead.go), and a keepalive on it then only lengthens that later lease.
+// of leases granted ahead, or of the reuse pool, may carry a later acquisition's key after a
+// release deleted the earlier one (ahead.go, reuse.go), and a keepalive on it then only
+// lengthens that later lease.
 // TestLateKeepAliveRevivesNothing checks the first part, and
 // TestReleasedLeaseServesOneAcquisitionAtATime the second.
 func (d *Driver) Renew(ctx context.Context, l driver.LeaseRef, ttl time.Duration) (time.Time, bool, error) {
@@ -467,6 +504,7 @@ func (d *Driver) Renew(ctx context.Context, l driver.LeaseRef, ttl time.Duration
 		return time.Time{}, false, nil
 	}
 	if old := kv(resp, 0); old != nil && old.lease != 0 {
+		d.forgetOwned(clientv3.LeaseID(old.lease))
 		d.revoke(ctx, clientv3.LeaseID(old.lease))
 	}
 	return until.UTC(), true, nil
@@ -527,13 +565,12 @@ func (d *Driver) Publish(ctx context.Context, l driver.LeaseRef, pub driver.Publ
 
 func (d *Driver) PublishAndRelease(ctx context.Context, l driver.LeaseRef, pub driver.Publication) (bool, error) {
 	resp, ownerAt, err := d.publishTxn(ctx, l, pub, true)
-	if err != nil {
+	if err != nil || !resp.Succeeded {
+		d.releaseUnconfirmed(l.Resource, l.Owner)
 		return false, err
 	}
-	if resp.Succeeded {
-		d.revokeReleased(ctx, resp, ownerAt)
-	}
-	return resp.Succeeded, nil
+	d.revokeReleased(ctx, resp, ownerAt)
+	return true, nil
 }
 
 // Release frees the lease where the token, the epoch and the holder still match, expired or
@@ -542,18 +579,17 @@ func (d *Driver) PublishAndRelease(ctx context.Context, l driver.LeaseRef, pub d
 func (d *Driver) Release(ctx context.Context, l driver.LeaseRef) (bool, error) {
 	k := d.keys(l.Resource)
 	resp, err := d.txn(ctx, "release", d.holds(k, l, k.holder), releaseOps(k), nil)
-	if err != nil {
+	if err != nil || !resp.Succeeded {
+		d.releaseUnconfirmed(l.Resource, l.Owner)
 		return false, err
 	}
-	if resp.Succeeded {
-		d.revokeReleased(ctx, resp, 0)
-	}
-	return resp.Succeeded, nil
+	d.revokeReleased(ctx, resp, 0)
+	return true, nil
 }
 
 // revokeReleased hands back the etcd lease of the owner key that the i-th op (a Get) read just
-// before the same Txn deleted it: to the pool of leases granted ahead, or revoked in the
-// background (ahead.go).
+// before the same Txn deleted it: to the pool of leases granted ahead (ahead.go) or to the
+// reuse pool (reuse.go), or revoked in the background.
 func (d *Driver) revokeReleased(_ context.Context, resp *clientv3.TxnResponse, i int) {
 	if owner := kv(resp, i); owner != nil && owner.lease != 0 {
 		d.released(clientv3.LeaseID(owner.lease))

@@ -32,6 +32,14 @@ func (r *replyDropper) intercept(ctx context.Context, method string, req, reply 
 
 func lossyStore(t *testing.T, prefix string) (*fenced.Store, *replyDropper) {
 	t.Helper()
+	cli, r := lossyClient(t)
+	return newStore(t, New(cli, &Options{Prefix: prefix})), r
+}
+
+// lossyClient is a client whose replyDropper loses the reply of the next conditional Txn once
+// armed.
+func lossyClient(t *testing.T) (*clientv3.Client, *replyDropper) {
+	t.Helper()
 	r := &replyDropper{}
 	cli, err := clientv3.New(clientv3.Config{
 		Endpoints: cluster.endpoints(), DialTimeout: 5 * time.Second, Logger: zap.NewNop(),
@@ -41,7 +49,7 @@ func lossyStore(t *testing.T, prefix string) (*fenced.Store, *replyDropper) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = cli.Close() })
-	return newStore(t, New(cli, &Options{Prefix: prefix})), r
+	return cli, r
 }
 
 // wantOperational checks that err is neither busy nor a refusal: the outcome is unknown.

@@ -66,6 +66,7 @@ var (
 	only    = flag.String("only", "", "comma-separated system names to run (default: all)")
 	skipTTL = flag.Bool("skip-stale", false, "skip the stale-write workload (it waits for TTLs)")
 	aheadB  = flag.Duration("etcd-ahead-bound", 0, "fenced etcd's Options.AheadBound (0: its default)")
+	eVar    = flag.Bool("etcd-variants", false, "also run fenced etcd without lease reuse (the driver before it: \"fenced etcd (no reuse)\") and with reuse but nothing granted ahead (\"fenced etcd (no ahead)\"), on the same cluster, taking turns with the others")
 	cpuProf = flag.String("cpuprofile", "", "write a CPU profile of the rounds (not of the setup) to this file")
 )
 
@@ -525,6 +526,22 @@ func setup(ctx context.Context) ([]system, func(), error) {
 		_, _ = ecli.Delete(context.Background(), eprefix, clientv3.WithPrefix())
 	})
 	systems = append(systems, fencedSystem("fenced etcd", "etcd", est, 2*time.Second))
+	if *eVar {
+		for _, v := range []struct {
+			name string
+			opts fencedetcd.Options
+		}{
+			{"fenced etcd (no reuse)", fencedetcd.Options{Prefix: eprefix, AheadBound: *aheadB, DisableLeaseReuse: true}},
+			{"fenced etcd (no ahead)", fencedetcd.Options{Prefix: eprefix, AheadBound: -1}},
+		} {
+			vst, err := store(ctx, fencedetcd.New(ecli, &v.opts), false)
+			if err != nil {
+				return fail(err)
+			}
+			cleanups = append(cleanups, func() { _ = vst.Close() })
+			systems = append(systems, fencedSystem(v.name, "etcd", vst, 2*time.Second))
+		}
+	}
 	systems = append(systems, mutexSystem(ecli, eprefix))
 	return systems, cleanup, nil
 }
