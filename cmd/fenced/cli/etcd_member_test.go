@@ -1,7 +1,6 @@
 package cli_test
 
 import (
-	"crypto/rand"
 	"fmt"
 	"net"
 	"os"
@@ -122,24 +121,12 @@ func skipOrFail(t *testing.T, why string) {
 // starts them. It skips (fails under CI=true) without root, ip or etcd.
 func netnsEtcd(t *testing.T) (url, dev, restart, restore string) {
 	t.Helper()
-	if os.Geteuid() != 0 {
-		skipOrFail(t, "network namespaces need root")
-	}
-	ip, err := exec.LookPath("ip")
-	if err != nil {
-		skipOrFail(t, "ip (iproute2) is not installed")
-	}
+	ip := ipTool(t)
 	bin, tool := etcdTools(t)
-	id := strings.ToLower(rand.Text()[:6])
-	b := make([]byte, 1)
-	_, _ = rand.Read(b)
-	peerNet, clientNet := fmt.Sprintf("10.214.%d", b[0]), fmt.Sprintf("10.215.%d", b[0])
-	run := func(args ...string) {
-		t.Helper()
-		if out, err := exec.Command(ip, args...).CombinedOutput(); err != nil {
-			t.Fatalf("ip %s: %v: %s", strings.Join(args, " "), err, out)
-		}
-	}
+	id := netnsID()
+	peerNet := randomSubnet(214)
+	clientNet := "10.215" + peerNet[len("10.214"):]
+	run := func(args ...string) { t.Helper(); ipRun(t, ip, args...) }
 	bridge := "fb" + id
 	run("link", "add", bridge, "type", "bridge")
 	t.Cleanup(func() { _ = exec.Command(ip, "link", "del", bridge).Run() })
@@ -156,30 +143,14 @@ func netnsEtcd(t *testing.T) (url, dev, restart, restore string) {
 	var starts, stops, restores []string
 	for i := 1; i <= members; i++ {
 		ns := fmt.Sprintf("fenced-%s-%d", id, i)
-		if out, err := exec.Command(ip, "netns", "add", ns).CombinedOutput(); err != nil {
-			skipOrFail(t, fmt.Sprintf("cannot create a network namespace here: %v: %s", err, out))
-		}
-		t.Cleanup(func() { _ = exec.Command(ip, "netns", "del", ns).Run() })
-		host, inner := fmt.Sprintf("fp%s%d", id, i), fmt.Sprintf("fq%s%d", id, i)
-		run("link", "add", host, "type", "veth", "peer", "name", inner)
-		t.Cleanup(func() { _ = exec.Command(ip, "link", "del", host).Run() })
-		run("link", "set", inner, "netns", ns)
+		addNetns(t, ip, ns)
+		host := fmt.Sprintf("fp%s%d", id, i)
+		addVeth(t, ip, host, fmt.Sprintf("fq%s%d", id, i), ns, "", peerIP(i)+"/24")
 		run("link", "set", host, "master", bridge)
-		run("link", "set", host, "up")
-		run("netns", "exec", ns, "ip", "addr", "add", peerIP(i)+"/24", "dev", inner)
-		run("netns", "exec", ns, "ip", "link", "set", inner, "up")
-		run("netns", "exec", ns, "ip", "link", "set", "lo", "up")
 		advertise := "http://" + peerIP(i) + ":2379"
 		if i == 1 {
 			dev = host
-			ch, cn := "fc"+id, "fd"+id
-			run("link", "add", ch, "type", "veth", "peer", "name", cn)
-			t.Cleanup(func() { _ = exec.Command(ip, "link", "del", ch).Run() })
-			run("link", "set", cn, "netns", ns)
-			run("addr", "add", clientNet+".1/30", "dev", ch)
-			run("link", "set", ch, "up")
-			run("netns", "exec", ns, "ip", "addr", "add", clientNet+".2/30", "dev", cn)
-			run("netns", "exec", ns, "ip", "link", "set", cn, "up")
+			addVeth(t, ip, "fc"+id, "fd"+id, ns, clientNet+".1/30", clientNet+".2/30")
 			advertise = "http://" + clientNet + ".2:2379"
 			url = "etcd://" + clientNet + ".2:2379"
 		}

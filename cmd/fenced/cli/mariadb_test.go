@@ -24,6 +24,16 @@ import (
 // the directory removed when the test ends. extra are more server options (--name=value).
 func startMariaDB(t *testing.T, extra ...string) (port int, root *sql.DB) {
 	t.Helper()
+	port, root, _ = startMariaDBIn(t, netnsLink{}, extra...)
+	return port, root
+}
+
+// startMariaDBIn is startMariaDB in the network namespace of l when l names one: the server
+// listens on the namespace's address, root may also connect from elsewhere (root@'%', no
+// password: the namespace is the test's own), and the handle reaches it through its Unix
+// socket. dsn is root's go-sql-driver address over TCP.
+func startMariaDBIn(t *testing.T, l netnsLink, extra ...string) (port int, root *sql.DB, dsn string) {
+	t.Helper()
 	install, err1 := exec.LookPath("mariadb-install-db")
 	server, err2 := exec.LookPath("mariadbd")
 	if err2 != nil {
@@ -72,13 +82,22 @@ func startMariaDB(t *testing.T, extra ...string) (port int, root *sql.DB) {
 		t.Fatalf("mariadb-install-db: %v\n%s", err, out)
 	}
 
-	port = freePort(t)
+	port, host, sock := freePort(t), "127.0.0.1", filepath.Join(dir, "sock")
+	if l.ns != "" {
+		host = l.addr
+	}
 	logFile := filepath.Join(dir, "error.log")
-	srv := exec.Command(server, "--no-defaults", "--datadir="+data, "--port="+strconv.Itoa(port),
-		"--bind-address=127.0.0.1", "--socket="+filepath.Join(dir, "sock"), "--pid-file="+filepath.Join(dir, "pid"),
-		"--skip-log-bin", "--innodb-buffer-pool-size=16M", "--log-error="+logFile)
-	srv.Args = append(srv.Args, extra...)
-	srv.SysProcAttr = &syscall.SysProcAttr{Credential: cred}
+	argv := []string{server, "--no-defaults", "--datadir=" + data, "--port=" + strconv.Itoa(port),
+		"--bind-address=" + host, "--socket=" + sock, "--pid-file=" + filepath.Join(dir, "pid"),
+		"--skip-log-bin", "--innodb-buffer-pool-size=16M", "--log-error=" + logFile}
+	if l.ns != "" {
+		// ip netns exec needs root: mariadbd, started as root, becomes mysql itself.
+		argv = append(l.in(argv...), "--user=mysql")
+	}
+	srv := exec.Command(argv[0], append(argv[1:], extra...)...)
+	if l.ns == "" {
+		srv.SysProcAttr = &syscall.SysProcAttr{Credential: cred}
+	}
 	if err := srv.Start(); err != nil {
 		t.Fatal(err)
 	}
@@ -95,7 +114,12 @@ func startMariaDB(t *testing.T, extra ...string) (port int, root *sql.DB) {
 		}
 	})
 
-	root, err = sql.Open("mysql", fmt.Sprintf("root@tcp(127.0.0.1:%d)/", port))
+	dsn = fmt.Sprintf("root@tcp(%s:%d)/", host, port)
+	admin := dsn
+	if l.ns != "" {
+		admin = "root@unix(" + sock + ")/"
+	}
+	root, err = sql.Open("mysql", admin)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -114,7 +138,10 @@ func startMariaDB(t *testing.T, extra ...string) (port int, root *sql.DB) {
 		}
 		time.Sleep(50 * time.Millisecond) // waiting for the server to listen
 	}
-	return port, root
+	if l.ns != "" {
+		mustExec(t, root, "CREATE USER 'root'@'%'", "GRANT ALL PRIVILEGES ON *.* TO 'root'@'%' WITH GRANT OPTION")
+	}
+	return port, root, dsn
 }
 
 func mustExec(t *testing.T, db *sql.DB, stmts ...string) {

@@ -2,8 +2,12 @@ package cli
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"os"
 	"os/exec"
+	"regexp"
+	"strconv"
 	"strings"
 	"time"
 
@@ -59,4 +63,80 @@ func (t *tortureRun) partition(ctx context.Context, f torture.Fault) {
 		detail += "; " + err.Error()
 	}
 	_ = t.nem.Write(torture.Record{Kind: torture.KindEvent, Event: torture.FaultPartition, Time: begin, EndTime: torture.Now(), Detail: detail})
+}
+
+// lossTable is the nftables table of this run's loss fault: one per process, so that two runs
+// on one machine never remove each other's rule.
+func lossTable() string { return fmt.Sprintf("fenced_torture_loss_%d", os.Getpid()) }
+
+// lossRule is the loss fault's table: two chains on the device itself (netdev family), one
+// on its ingress and one on its egress, each dropping pct % of the frames at random and
+// counting them. On the device, not in the inet hooks, so that it also sees the frames a
+// bridge port forwards (etcd's members meet on a bridge).
+func lossRule(table, dev string, pct int) string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "table netdev %s {\n", table)
+	for _, hook := range []string{"ingress", "egress"} {
+		fmt.Fprintf(&b, "\tchain %s {\n\t\ttype filter hook %s device %q priority 0; policy accept;\n\t\tnumgen random mod 100 < %d counter drop\n\t}\n",
+			hook, hook, dev, pct)
+	}
+	b.WriteString("}\n")
+	return b.String()
+}
+
+// nft runs nft(8) with the script on its standard input (when not empty).
+func nft(ctx context.Context, script string, args ...string) (string, error) {
+	cmd := exec.CommandContext(ctx, "nft", args...)
+	if script != "" {
+		cmd.Stdin = strings.NewReader(script)
+	}
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		return "", fmt.Errorf("nft %s: %w: %s", strings.Join(args, " "), err, strings.TrimSpace(string(out)))
+	}
+	return string(out), nil
+}
+
+// lossApplies says whether the loss fault can run: it needs the partition fault's interface
+// and nft.
+func lossApplies(partitionErr error) error {
+	if partitionErr != nil {
+		return partitionErr
+	}
+	if _, err := exec.LookPath("nft"); err != nil {
+		return errors.New("needs nft (nftables) for its random drop rule (tc netem, where the kernel has it, is not used)")
+	}
+	return nil
+}
+
+var droppedRe = regexp.MustCompile(`counter packets (\d+)`)
+
+// loss is the loss fault: f.LossPct % of the frames through --partition-dev are dropped at
+// random, each way, for f.For, then the rule is removed, also when the run is interrupted
+// meanwhile. TCP retransmits what is lost (from 200 ms, doubling), so requests arrive late or
+// their connections give up; the detail counts the frames dropped.
+func (t *tortureRun) loss(ctx context.Context, f torture.Fault) {
+	table, dev := lossTable(), t.o.partitionDev
+	begin := torture.Now()
+	if _, err := nft(ctx, lossRule(table, dev, f.LossPct), "-f", "-"); err != nil {
+		_ = t.nem.Write(torture.Record{Kind: torture.KindEvent, Event: "error", Detail: "loss: " + err.Error()})
+		return
+	}
+	wait(ctx, f.For)
+	// Removed whatever happened, with a context of its own: an interrupted run must not leave
+	// the link lossy.
+	healCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
+	defer cancel()
+	dropped := 0
+	if out, err := nft(healCtx, "", "list", "table", "netdev", table); err == nil {
+		for _, m := range droppedRe.FindAllStringSubmatch(out, -1) {
+			n, _ := strconv.Atoi(m[1])
+			dropped += n
+		}
+	}
+	detail := fmt.Sprintf("loss %d%%: %s dropping %d%% of the frames each way for %s, %d dropped", f.LossPct, dev, f.LossPct, f.For, dropped)
+	if _, err := nft(healCtx, "", "delete", "table", "netdev", table); err != nil {
+		detail += "; " + err.Error()
+	}
+	_ = t.nem.Write(torture.Record{Kind: torture.KindEvent, Event: torture.FaultLoss, Time: begin, EndTime: torture.Now(), Detail: detail})
 }

@@ -25,6 +25,8 @@ type pgServers struct {
 	t    *testing.T
 	bin  string   // the directory holding initdb, pg_ctl, pg_basebackup
 	as   []string // prefix that runs a binary as a non-root user (initdb and postgres refuse root)
+	in   []string // prefix that runs a binary in a network namespace (netnsPostgres), or none
+	host string   // the address the servers listen on and the URLs name
 	dir  string
 	uid  int
 	gid  int
@@ -51,7 +53,7 @@ func newPGServers(t *testing.T) *pgServers {
 		}
 		t.Skip(msg)
 	}
-	s := &pgServers{t: t, bin: bin, uid: -1, gid: -1}
+	s := &pgServers{t: t, bin: bin, uid: -1, gid: -1, host: "127.0.0.1"}
 	if os.Geteuid() == 0 {
 		u, err := user.Lookup("postgres")
 		if err != nil {
@@ -86,7 +88,7 @@ func (s *pgServers) exec(name string, args ...string) {
 	s.t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
-	argv := append(append(append([]string{}, s.as...), filepath.Join(s.bin, name)), args...)
+	argv := append(append(append(append([]string{}, s.in...), s.as...), filepath.Join(s.bin, name)), args...)
 	out, err := exec.CommandContext(ctx, argv[0], argv[1:]...).CombinedOutput()
 	if err != nil {
 		s.t.Fatalf("%s %s: %v\n%s%s", name, strings.Join(args, " "), err, out, s.logs())
@@ -104,7 +106,7 @@ func (p pgServer) data() string { return filepath.Join(p.s.dir, p.name) }
 
 // URL is the server's address for pgx and for the fenced command.
 func (p pgServer) URL() string {
-	return fmt.Sprintf("postgres://postgres@127.0.0.1:%d/postgres?sslmode=disable", p.port)
+	return fmt.Sprintf("postgres://postgres@%s:%d/postgres?sslmode=disable", p.s.host, p.port)
 }
 
 // primary creates a new cluster with initdb.
@@ -130,7 +132,7 @@ func (p pgServer) startWith(options string) {
 	p.s.t.Helper()
 	p.s.runs = append(p.s.runs, p.data())
 	p.s.exec("pg_ctl", "-D", p.data(), "-l", p.data()+".log", "-w", "-t", "60", "start", "-o",
-		fmt.Sprintf("-p %d -c listen_addresses=127.0.0.1 -c unix_socket_directories=%s %s", p.port, p.s.dir, options))
+		fmt.Sprintf("-p %d -c listen_addresses=%s -c unix_socket_directories=%s %s", p.port, p.s.host, p.s.dir, options))
 }
 
 func (p pgServer) stop() {

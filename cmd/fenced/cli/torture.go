@@ -89,6 +89,9 @@ Faults (--faults, comma-separated; default: every one that applies to the databa
               the link between the member the clients use and its peers, that member made
               the leader before the first cut and a follower before the next, in turn;
               needs root and --partition-dev
+  loss        drop 5-60% of the frames through --partition-dev at random, each way, for 1-3s
+              (an nftables rule on the device; TCP retransmits what is lost): real loss
+              where tc netem is missing; needs root, --partition-dev and nft
   delay       put a TCP proxy of the run's own between the workers and the server, and make
               it delay every byte (a latency with jitter, for 1-3s), stall about half the
               connections (nothing passes for longer than any TTL, then everything held goes
@@ -144,7 +147,7 @@ Exit code 7: violations found.`,
 	f.DurationVar(&o.checkTimeout, "check-timeout", time.Minute, "bound on the model check of each resource")
 	f.StringVar(&o.restartCmd, "restart-cmd", "", "shell command that restarts (or crashes and starts) the database server, for the restart fault; torture then waits for its port")
 	f.StringVar(&o.restoreCmd, "restore-cmd", "", "etcd only: shell command that stops the members, restores the snapshot file $FENCED_SNAPSHOT into fresh data directories and starts them, for the restore fault")
-	f.StringVar(&o.partitionDev, "partition-dev", "", "network interface the partition fault sets down and up: the host side of a veth pair to the database server's network namespace (etcd: the clients' member's link to its peers)")
+	f.StringVar(&o.partitionDev, "partition-dev", "", "network interface the partition fault sets down and up, and the loss fault drops frames on: the host side of a veth pair to the database server's network namespace (etcd: the clients' member's link to its peers)")
 	f.StringVar(&o.mutant, "mutant", "", "a planted bug in the workers' driver, for the tests: "+mutantRenewAfterExpiry+", "+mutantBusyAfterExpiry)
 	_ = f.MarkHidden("mutant")
 	f.BoolVar(&o.restoreWithoutBump, "restore-without-bump", false, "the restore fault's control: restore the copy without bumping the epoch (violations expected)")
@@ -153,13 +156,16 @@ Exit code 7: violations found.`,
 
 // faultPlan says which faults apply to a database, and why the others do not. restartErr is
 // why the database's server cannot be restarted from here (nil when it can).
-func faultPlan(scheme string, restartErr, restoreErr, partitionErr, delayErr error, ownStore, explicit bool, requested []string) (use []string, notApplicable map[string]string) {
+func faultPlan(scheme string, restartErr, restoreErr, partitionErr, lossErr, delayErr error, ownStore, explicit bool, requested []string) (use []string, notApplicable map[string]string) {
 	why := map[string]string{}
 	if delayErr != nil {
 		why[torture.FaultDelay] = delayErr.Error()
 	}
 	if partitionErr != nil {
 		why[torture.FaultPartition] = partitionErr.Error()
+	}
+	if lossErr != nil {
+		why[torture.FaultLoss] = lossErr.Error()
 	}
 	if restartErr != nil {
 		why[torture.FaultRestart] = restartErr.Error()
@@ -357,7 +363,7 @@ func (a *app) torture(cmd *cobra.Command, o tortureOptions) error {
 			return usagef("invalid --restore-cmd: %v", err)
 		}
 	}
-	faults, notApplicable := faultPlan(scheme, restartErr, restoreApplies(scheme, o.restoreCmd), partitionErr, delayApplies(scheme, url), ownStore, explicit, requested)
+	faults, notApplicable := faultPlan(scheme, restartErr, restoreApplies(scheme, o.restoreCmd), partitionErr, lossApplies(partitionErr), delayApplies(scheme, url), ownStore, explicit, requested)
 	if explicit {
 		// A fault named in --faults that cannot be injected here is refused, by name.
 		for _, f := range requested {
@@ -887,6 +893,8 @@ func (t *tortureRun) inject(ctx context.Context, f torture.Fault) {
 		t.bump(ctx)
 	case torture.FaultPartition:
 		t.partition(ctx, f)
+	case torture.FaultLoss:
+		t.loss(ctx, f)
 	case torture.FaultRestore:
 		t.restoreFault(ctx, f)
 	case torture.FaultDelay:

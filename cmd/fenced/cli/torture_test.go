@@ -230,7 +230,9 @@ func TestTortureUsage(t *testing.T) {
 		{"torture", "--workers", "many"},
 		{"torture", "--check-timeout", "-1s"},
 		{"torture", "--faults", "partition"},
-		{"torture", "--faults", "delay"}, // SQLite: no network
+		{"torture", "--faults", "loss"},
+		{"--db", "redis://127.0.0.1:1/0", "torture", "--faults", "loss"}, // no --partition-dev
+		{"torture", "--faults", "delay"},                                 // SQLite: no network
 		{"--db", "postgres:///x?host=/var/run/postgresql", "torture", "--faults", "delay"},
 		{"torture", "--partition-dev", "lo"},
 		{"torture", "--restart-cmd", "true"},
@@ -253,6 +255,7 @@ func TestTortureUsage(t *testing.T) {
 		"torture --faults rowlock,pause":                                  "the rowlock fault does not apply to SQLite",
 		"torture --faults partition":                                      "the partition fault does not apply to SQLite",
 		"torture --faults delay,pause":                                    "the delay fault does not apply to SQLite",
+		"--db redis://127.0.0.1:1/0 torture --faults loss":                "the loss fault does not apply to Redis: needs --partition-dev",
 		"--db postgres:///x?host=/tmp torture --faults delay":             "the delay fault does not apply to PostgreSQL: the database URL names no host",
 		"--db postgres://127.0.0.1:1/x torture --faults clock":            "the clock fault does not apply to PostgreSQL",
 		"--db mysql://root@127.0.0.1:1/x torture --faults pause,clock":    "the clock fault does not apply to MariaDB",

@@ -43,7 +43,7 @@ func (r *Report) FaultCounts() map[string]int {
 			} else {
 				n[e.Event]++
 			}
-		case FaultPause, FaultKill, FaultRestart, FaultClock, FaultBump, FaultPartition, FaultDelay:
+		case FaultPause, FaultKill, FaultRestart, FaultClock, FaultBump, FaultPartition, FaultLoss, FaultDelay:
 			n[e.Event]++
 		case FaultRowLock:
 			if e.Owner != "" { // held across a lease's expiry
@@ -338,17 +338,20 @@ func (r *Report) timeline(b *strings.Builder, resource string, involved map[int]
 	for _, p := range procs {
 		fmt.Fprintf(b, `<text x="4" y="%.0f">%s</text>`+"\n", y(lanes[p])+15, esc(p))
 	}
-	// Faults: restarts, clock jumps, copies, restores, bumps, partitions and delays span every lane; pauses and kills sit on their worker's.
+	// Faults: restarts, clock jumps, copies, restores, bumps, partitions, losses and delays span every lane; pauses and kills sit on their worker's.
 	for _, e := range h.Events {
 		switch e.Event {
 		case FaultRestart:
 			fmt.Fprintf(b, `<rect x="%.1f" y="%.0f" width="%.1f" height="%.0f" fill="rgba(240,200,0,.35)"><title>database restart %s</title></rect>`+"\n",
 				x(e.Time), top, max(x(e.EndTime)-x(e.Time), 2), height-top, esc(e.Detail))
-		case FaultRestore, "copy", FaultBump, FaultPartition, FaultDelay:
+		case FaultRestore, "copy", FaultBump, FaultPartition, FaultLoss, FaultDelay:
 			label, colour := "restore", "#8a2be2"
 			switch e.Event {
 			case FaultPartition:
 				label, colour = "partition", "#555"
+			case FaultLoss: // "loss 30%: …"
+				label, _, _ = strings.Cut(e.Detail, ":")
+				colour = "#b8860b"
 			case FaultDelay: // "latency: …", "stall: …", "reset: …"
 				mode, _, _ := strings.Cut(e.Detail, ":")
 				label, colour = mode, "#a0522d"

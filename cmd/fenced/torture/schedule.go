@@ -27,6 +27,9 @@ const (
 	// FaultPartition cuts the network between the workers and the database server: the host
 	// side of a veth pair to the server's network namespace is set down, then up again.
 	FaultPartition = "partition"
+	// FaultLoss drops a share of the packets on the same interface, at random, each way (an
+	// nftables rule on the device: real loss, which TCP retransmits, where tc netem is missing).
+	FaultLoss = "loss"
 	// FaultDelay puts a TCP proxy of the run's own (Proxy) between the workers and the
 	// database server, and makes it delay bytes with jitter, stall connections for longer
 	// than a TTL, or reset them: delays and loss without tc netem.
@@ -41,7 +44,7 @@ const (
 )
 
 // AllFaults is every fault kind, in the order the help lists them.
-var AllFaults = []string{FaultPause, FaultKill, FaultDropReply, FaultRestart, FaultClock, FaultRowLock, FaultBump, FaultRestore, FaultPartition, FaultDelay}
+var AllFaults = []string{FaultPause, FaultKill, FaultDropReply, FaultRestart, FaultClock, FaultRowLock, FaultBump, FaultRestore, FaultPartition, FaultLoss, FaultDelay}
 
 // The workers' part of the schedule.
 const (
@@ -86,6 +89,7 @@ type Fault struct {
 	Mode     string        // delay: DelayLatency, DelayStall or DelayReset
 	Latency  time.Duration // delay (latency): the base latency of every byte, each way
 	Jitter   time.Duration // delay (latency): ± this, drawn per chunk
+	LossPct  int           // loss: the percentage of packets dropped, each way
 }
 
 func (f Fault) String() string {
@@ -108,6 +112,8 @@ func (f Fault) String() string {
 		return fmt.Sprintf("%6.2fs bump the epoch", f.At.Seconds())
 	case FaultPartition:
 		return fmt.Sprintf("%6.2fs cut the network to the server for %s", f.At.Seconds(), f.For)
+	case FaultLoss:
+		return fmt.Sprintf("%6.2fs drop %d%% of the packets to and from the server for %s", f.At.Seconds(), f.LossPct, f.For)
 	case FaultDelay:
 		switch f.Mode {
 		case DelayLatency:
@@ -128,7 +134,7 @@ func (f Fault) String() string {
 func Plan(seed uint64, duration time.Duration, workers int, faults []string) []Fault {
 	rng := rand.New(rand.NewPCG(seed, 0x6e656d65736973))
 	var kinds, first []string
-	weights := map[string]int{FaultPause: 4, FaultKill: 3, FaultClock: 2, FaultRestart: 1, FaultRowLock: 2, FaultBump: 1, FaultRestore: 2, FaultPartition: 2, FaultDelay: 3}
+	weights := map[string]int{FaultPause: 4, FaultKill: 3, FaultClock: 2, FaultRestart: 1, FaultRowLock: 2, FaultBump: 1, FaultRestore: 2, FaultPartition: 2, FaultLoss: 2, FaultDelay: 3}
 	for _, f := range faults {
 		for range weights[f] {
 			kinds = append(kinds, f)
@@ -183,6 +189,12 @@ func Plan(seed uint64, duration time.Duration, workers int, faults []string) []F
 			// Longer than the longest TTL: leases expire on the server while their holders
 			// cannot reach it.
 			f.For = TTLMax + 200*time.Millisecond + time.Duration(rng.Int64N(int64(2*time.Second)))
+			busy = f.For
+		case FaultLoss:
+			// From a nuisance to most packets: TCP's retransmissions (200 ms, then doubling)
+			// make a request late by more than a TTL now and then.
+			f.LossPct = 5 + rng.IntN(56)
+			f.For = time.Second + time.Duration(rng.Int64N(int64(2*time.Second)))
 			busy = f.For
 		case FaultDelay:
 			switch x := rng.Float64(); {
