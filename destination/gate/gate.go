@@ -209,7 +209,7 @@ func (t txStmt) ExecContext(ctx context.Context, query string, args ...any) (sql
 		return t.tx.ExecContext(ctx, query, args...)
 	}
 	s := t.tx.StmtContext(ctx, t.s)
-	defer s.Close() // the transaction's handle only; the connection keeps the statement
+	defer func() { _ = s.Close() }() // the transaction's handle only; the connection keeps the statement
 	return s.ExecContext(ctx, args...)
 }
 
