@@ -93,3 +93,41 @@ func BenchmarkGate(b *testing.B) { gatetest.Bench(b, gateEngine) }
 
 // BenchmarkGateBatched: the same, with Exec's write and check in one batch (exec/raw).
 func BenchmarkGateBatched(b *testing.B) { gatetest.Bench(b, batchedEngine) }
+
+// TestGateCheckIsPrepared: once the gate has prepared its check (here by Add), Check runs it
+// as the server-side prepared statement (COM_STMT_EXECUTE) instead of sending its text to be
+// parsed again in every transaction. The counters are the session's, read on the
+// transaction's own connection.
+func TestGateCheckIsPrepared(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	s := gatetest.NewService(t, gateEngine)
+	const res = "report ü prepared"
+	if err := s.Gate.Add(ctx, res); err != nil {
+		t.Fatal(err)
+	}
+	status := func(tx *sql.Tx, name string) int64 {
+		var n string
+		var v int64
+		if err := tx.QueryRowContext(ctx, "SHOW SESSION STATUS LIKE '"+name+"'").Scan(&n, &v); err != nil {
+			t.Fatal(err)
+		}
+		return v
+	}
+	for i := range 3 { // the first check on a connection prepares there, the next ones reuse
+		tx, err := s.DB.BeginTx(ctx, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		exec := status(tx, "Com_stmt_execute")
+		if err := s.Gate.Check(ctx, tx, res, gatetest.Tok(1, int64(i+1))); err != nil {
+			t.Fatal(err)
+		}
+		if d := status(tx, "Com_stmt_execute") - exec; d != 1 {
+			t.Errorf("check %d: %d prepared statements executed, want 1: the check was sent as text", i, d)
+		}
+		if err := tx.Commit(); err != nil {
+			t.Fatal(err)
+		}
+	}
+}

@@ -11,6 +11,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync/atomic"
 
 	"gocloud.dev/blob"
 	_ "gocloud.dev/blob/azureblob" // azblob:// URLs
@@ -159,16 +160,21 @@ func (b *Bucket) put(ctx context.Context, key, contentType string, r io.Reader) 
 // nothing left to write). The object is visible under its key from the link on, but no pointer
 // names it until put has returned: a crash before the syncs leaves an orphan for Collect, never
 // a pointer to bytes that were lost.
+//
+// The SHA-256 is not in the key, so the commit and the syncs do not wait for it: the staged
+// file is hashed by reading it back while it is written, linked and synced (see stage), and
+// put returns once both the syncs and the hash are done. A failure of either removes the key.
 func (b *Bucket) putFile(ctx context.Context, key string, r io.Reader) ([]byte, int64, error) {
 	st, err := createStaging(filepath.Join(b.dir, tmpDir))
 	if err != nil {
 		return nil, 0, err
 	}
 	defer st.discard()
-	sum, n, err := stage(st.f, r)
+	n, hash, err := stage(st.f, r)
 	if err != nil {
 		return nil, 0, err
 	}
+	defer hash.cancel() // before discard closes the file it reads
 	if err := ctx.Err(); err != nil {
 		return nil, 0, err
 	}
@@ -185,7 +191,12 @@ func (b *Bucket) putFile(ctx context.Context, key string, r io.Reader) ([]byte, 
 		}
 		return nil, 0, err
 	}
-	if err := b.syncCommitted(st.f, path); err != nil {
+	err = b.syncCommitted(st.f, path)
+	sum, herr := hash.wait()
+	if err == nil && herr != nil {
+		err = fmt.Errorf("hash the staged upload: %w", herr)
+	}
+	if err != nil {
 		_ = os.Remove(path) // a crash now would leave it as an orphan anyway
 		return nil, 0, err
 	}
@@ -249,37 +260,112 @@ func (s staging) discard() {
 	}
 }
 
-// Staging: chunks of stageChunk bytes (small: the buffers are per upload, and the peak RSS
-// must not grow with them), stageBuffers of them in flight. Each chunk is written by the
-// caller's goroutine while a second goroutine hashes the chunk before it, so hashing overlaps
-// reading and writing. Every writeBehind bytes, the range written since the last request is
-// handed to the kernel's writeback (startWriteback) by a third goroutine, so the disk writes
+// Staging: the caller's goroutine reads r and writes the staging file in chunks of
+// stageChunk bytes; every writeBehind bytes, the range written since the last request is
+// handed to the kernel's writeback (startWriteback) by a second goroutine, so the disk writes
 // while the copy goes on and the fsync after the commit waits for little; the request can
 // block (a full device queue, a journal commit), so the copy never waits for it: a range the
 // goroutine is too busy to take joins the next request.
+//
+// A third goroutine hashes the file by reading back (pread, hashChunk bytes at a time) what the
+// copy has written so far. Hashing (about 1.3 GB/s with SHA-NI) is slower than a copy into the
+// page cache, and it does not pace the copy: the copy, the commit and the fsync go on at their
+// own speed while the hash catches up, so an upload takes about the longer of the copy plus
+// the fsync and the hash, not their sum. The bytes hashed are the bytes in the file, read
+// from the page cache (no disk reads unless memory pressure evicted them). The memory stays
+// two buffers, whatever the size; the page cache is the kernel's, not the process's.
 const (
-	stageChunk   = 256 << 10
-	stageBuffers = 4
-	writeBehind  = 8 << 20
+	stageChunk  = 512 << 10
+	hashChunk   = 512 << 10
+	writeBehind = 8 << 20
 )
 
-// stage copies r to f and returns the SHA-256 and the size of the bytes copied. When it
-// returns, writeback has been requested for every byte but the last writeBehind.
-func stage(f *os.File, r io.Reader) ([]byte, int64, error) {
-	free := make(chan []byte, stageBuffers)
-	for range stageBuffers {
-		free <- make([]byte, stageChunk)
-	}
-	toHash := make(chan []byte, stageBuffers)
-	sum := make(chan []byte, 1)
+// digest is the SHA-256 of a staging file, computed by a goroutine that follows the copy.
+type digest struct {
+	written atomic.Int64  // bytes the copy has written, all readable
+	more    chan struct{} // a signal that written moved (capacity 1: signals merge)
+	end     chan struct{} // closed when written is final
+	abort   atomic.Bool   // stop now: the upload failed
+	done    chan struct{} // closed when sum and err are set
+	sum     []byte
+	err     error
+}
+
+// testHookHashStart, when set, runs in the hashing goroutine before it reads anything.
+var testHookHashStart func()
+
+func startDigest(f *os.File) *digest {
+	d := &digest{more: make(chan struct{}, 1), end: make(chan struct{}), done: make(chan struct{})}
 	go func() {
-		h := sha256.New()
-		for c := range toHash {
-			h.Write(c)
-			free <- c[:cap(c)]
+		defer close(d.done)
+		if testHookHashStart != nil {
+			testHookHashStart()
 		}
-		sum <- h.Sum(nil)
+		h := sha256.New()
+		buf := make([]byte, hashChunk)
+		var off int64
+		for !d.abort.Load() {
+			if w := d.written.Load(); off < w {
+				k, err := f.ReadAt(buf[:min(int64(len(buf)), w-off)], off)
+				if err != nil {
+					d.err = err // a short read is io.EOF: the file is not what was written
+					return
+				}
+				h.Write(buf[:k])
+				off += int64(k)
+				continue
+			}
+			select {
+			case <-d.more:
+			case <-d.end:
+				if off == d.written.Load() {
+					d.sum = h.Sum(nil)
+					return
+				}
+			}
+		}
+		d.err = errors.New("the upload was abandoned")
 	}()
+	return d
+}
+
+// wrote records that the file holds its first n bytes.
+func (d *digest) wrote(n int64) {
+	d.written.Store(n)
+	select {
+	case d.more <- struct{}{}:
+	default: // a signal is pending already
+	}
+}
+
+// finish says the file is complete: the hash ends once it has read everything written.
+func (d *digest) finish() { close(d.end) }
+
+// wait returns the SHA-256 of the whole file.
+func (d *digest) wait() ([]byte, error) {
+	<-d.done
+	return d.sum, d.err
+}
+
+// cancel stops the hash and waits for its goroutine, which no longer reads the file when
+// cancel returns. Calling it after wait, or again, is harmless.
+func (d *digest) cancel() {
+	d.abort.Store(true)
+	select {
+	case <-d.end:
+	default:
+		close(d.end)
+	}
+	<-d.done
+}
+
+// stage copies r to f, which must be open for reading and writing, and returns the number of
+// bytes copied and their SHA-256 in progress: the caller waits for it (digest.wait) or
+// abandons it (digest.cancel) before closing f. When stage returns, writeback has been
+// requested for every byte but the last writeBehind. If the copy fails, the hash is already
+// cancelled.
+func stage(f *os.File, r io.Reader) (int64, *digest, error) {
+	hash := startDigest(f)
 	type span struct{ off, n int64 }
 	writeback := make(chan span, 1)
 	wrote := make(chan struct{})
@@ -289,19 +375,20 @@ func stage(f *os.File, r io.Reader) ([]byte, int64, error) {
 		}
 		close(wrote)
 	}()
+	buf := make([]byte, stageChunk)
 	var n, flushed int64
 	var err error
 	for {
-		buf := <-free
 		var k int
 		k, err = io.ReadFull(r, buf)
 		if k > 0 {
 			if _, werr := f.Write(buf[:k]); werr != nil {
 				err = werr
+				break
 			}
 			n += int64(k)
+			hash.wrote(n)
 		}
-		toHash <- buf[:k]
 		if n-flushed >= writeBehind {
 			select {
 			case writeback <- span{flushed, n - flushed}:
@@ -313,20 +400,20 @@ func stage(f *os.File, r io.Reader) ([]byte, int64, error) {
 			break
 		}
 	}
-	if n-flushed >= writeBehind {
-		writeback <- span{flushed, n - flushed}
-	}
-	close(writeback)
-	close(toHash)
-	<-wrote
-	s := <-sum
 	if err == io.EOF || err == io.ErrUnexpectedEOF {
 		err = nil
 	}
-	if err != nil {
-		return nil, 0, err
+	if err == nil && n-flushed >= writeBehind {
+		writeback <- span{flushed, n - flushed}
 	}
-	return s, n, nil
+	close(writeback)
+	<-wrote
+	if err != nil {
+		hash.cancel()
+		return 0, nil, err
+	}
+	hash.finish()
+	return n, hash, nil
 }
 
 // commitFile makes the staged file visible under path only if path does not exist yet.

@@ -22,7 +22,7 @@ func createStaging(dir string) (staging, error) {
 	if namedStagingOnly {
 		return createNamedStaging(dir)
 	}
-	fd, err := unix.Open(dir, unix.O_TMPFILE|unix.O_WRONLY|unix.O_CLOEXEC, 0o600) // as os.CreateTemp
+	fd, err := unix.Open(dir, unix.O_TMPFILE|unix.O_RDWR|unix.O_CLOEXEC, 0o600) // as os.CreateTemp; read back by the hash
 	if err != nil {
 		return createNamedStaging(dir)
 	}

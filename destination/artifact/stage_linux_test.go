@@ -29,9 +29,11 @@ func TestStageStartsWriteback(t *testing.T) {
 	}
 	defer f.Close()
 	size := int64(4*writeBehind + 12345)
-	if _, n, err := stage(f, &patternReader{n: size}); err != nil || n != size {
+	n, hash, err := stage(f, &patternReader{n: size})
+	if err != nil || n != size {
 		t.Fatalf("stage: %d bytes, %v", n, err)
 	}
+	defer hash.cancel()
 	var cs unix.Cachestat_t
 	err = unix.Cachestat(uint(f.Fd()), &unix.CachestatRange{}, &cs, 0) // Len 0: to the end
 	if errors.Is(err, unix.ENOSYS) {

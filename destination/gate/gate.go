@@ -24,6 +24,7 @@ import (
 	"fmt"
 	"regexp"
 	"strings"
+	"sync"
 
 	"github.com/fenced-dev/fenced"
 	"github.com/fenced-dev/fenced/destination"
@@ -75,6 +76,34 @@ type Gate struct {
 	d     Dialect
 	q     queries
 	batch bool // MySQLMultiStatements
+
+	// stmt is the check, prepared once; Check runs it through tx.StmtContext, which reuses
+	// the statement already prepared on the transaction's connection: the check is then
+	// parsed once per connection rather than once per call (modernc.org/sqlite parses every
+	// unprepared statement; MySQL's server parses each interpolated query).
+	stmtMu sync.Mutex
+	stmt   *sql.Stmt
+}
+
+// prepare prepares the check once. It is called only outside a transaction (preparing takes
+// a connection from the pool, which a caller holding the last one in a transaction would wait
+// for forever); until it has succeeded, Check sends the statement's text. A failure (the table
+// does not exist yet) is left for the next call and for the check itself to report.
+func (g *Gate) prepare(ctx context.Context) {
+	g.stmtMu.Lock()
+	defer g.stmtMu.Unlock()
+	if g.stmt != nil {
+		return
+	}
+	if s, err := g.db.PrepareContext(ctx, g.q.check); err == nil {
+		g.stmt = s
+	}
+}
+
+func (g *Gate) prepared() *sql.Stmt {
+	g.stmtMu.Lock()
+	defer g.stmtMu.Unlock()
+	return g.stmt
 }
 
 type queries struct {
@@ -113,6 +142,7 @@ func (g *Gate) Migrate(ctx context.Context) error {
 	if _, err := g.db.ExecContext(ctx, g.q.create); err != nil {
 		return fmt.Errorf("gate: create table: %w", err)
 	}
+	g.prepare(ctx)
 	return nil
 }
 
@@ -126,11 +156,13 @@ func (g *Gate) Add(ctx context.Context, resource string) error {
 	if _, err := g.db.ExecContext(ctx, g.q.add, resource); err != nil {
 		return fmt.Errorf("gate: add %q: %w", resource, err)
 	}
+	g.prepare(ctx)
 	return nil
 }
 
 // Mark returns the resource's current mark, or an error matching destination.ErrUnknownResource.
 func (g *Gate) Mark(ctx context.Context, resource string) (fenced.Token, error) {
+	g.prepare(ctx)
 	t, found, err := g.read(ctx, g.db, resource)
 	switch {
 	case err != nil:
@@ -154,8 +186,35 @@ type execer interface {
 // than the mark is refused with *destination.StaleError (ErrStale), an unmarked resource with
 // ErrUnknownResource; either way nothing was changed and the caller must roll tx back. A token
 // equal to the mark is accepted: a holder writes many times under one token.
+//
+// The check runs as a statement prepared once per connection as soon as the gate has run
+// anything outside a transaction (Migrate, Add, Mark, Fence, Do); before that, as text.
 func (g *Gate) Check(ctx context.Context, tx *sql.Tx, resource string, token fenced.Token) error {
+	if s := g.prepared(); s != nil {
+		return g.check(ctx, txStmt{tx: tx, s: s, query: g.q.check}, resource, token)
+	}
 	return g.check(ctx, tx, resource, token)
+}
+
+// txStmt runs the prepared check in tx; every other statement (the reading of the mark
+// after a refusal) goes to tx as text.
+type txStmt struct {
+	tx    *sql.Tx
+	s     *sql.Stmt
+	query string // s's
+}
+
+func (t txStmt) ExecContext(ctx context.Context, query string, args ...any) (sql.Result, error) {
+	if query != t.query {
+		return t.tx.ExecContext(ctx, query, args...)
+	}
+	s := t.tx.StmtContext(ctx, t.s)
+	defer func() { _ = s.Close() }() // the transaction's handle only; the connection keeps the statement
+	return s.ExecContext(ctx, args...)
+}
+
+func (t txStmt) QueryRowContext(ctx context.Context, query string, args ...any) *sql.Row {
+	return t.tx.QueryRowContext(ctx, query, args...)
 }
 
 func (g *Gate) check(ctx context.Context, ex execer, resource string, token fenced.Token) error {
@@ -256,12 +315,14 @@ func (g *Gate) read(ctx context.Context, ex execer, resource string) (fenced.Tok
 // Fence raises resource's mark to token in a statement of its own, so that writes with older
 // tokens are refused from now on. It implements fenced.Fencer.
 func (g *Gate) Fence(ctx context.Context, resource string, token fenced.Token) error {
+	g.prepare(ctx)
 	return g.check(ctx, g.db, resource, token)
 }
 
 // Do runs fn in a transaction that first checks token for resource, and commits both
 // together. An error from Check or fn rolls everything back and is returned.
 func (g *Gate) Do(ctx context.Context, resource string, token fenced.Token, fn func(*sql.Tx) error) (err error) {
+	g.prepare(ctx)
 	tx, err := g.db.BeginTx(ctx, nil)
 	if err != nil {
 		return fmt.Errorf("gate: begin: %w", err)
