@@ -114,12 +114,13 @@ func skipOrFail(t *testing.T, why string) {
 // netnsEtcd starts a three-member etcd cluster, each member in a network namespace of the
 // test's own. The members meet on a bridge in this namespace (one veth pair each, a private
 // /24); the clients, here, reach member m1 only, through a veth pair of its own (a private
-// /30). It returns the URL of m1, dev (the bridge's side of m1's link to its peers: set down,
+// /30). It returns the URL of m1, all (the URL of every member, m1 first: the others reached
+// through the bridge), dev (the bridge's side of m1's link to its peers: set down,
 // m1 is cut off from the others while the clients keep talking to it), a --restart-cmd that
 // crashes m1 (kill -9) and starts it again from its data directory, and a --restore-cmd that
 // stops every member, restores $FENCED_SNAPSHOT into a fresh data directory for each and
 // starts them. It skips (fails under CI=true) without root, ip or etcd.
-func netnsEtcd(t *testing.T) (url, dev, restart, restore string) {
+func netnsEtcd(t *testing.T) (url, all, dev, restart, restore string) {
 	t.Helper()
 	ip := ipTool(t)
 	bin, tool := etcdTools(t)
@@ -140,7 +141,7 @@ func netnsEtcd(t *testing.T) (url, dev, restart, restore string) {
 	for i := 1; i <= members; i++ {
 		cluster = append(cluster, fmt.Sprintf("m%d=http://%s:2380", i, peerIP(i)))
 	}
-	var starts, stops, restores []string
+	var starts, stops, restores, endpoints []string
 	for i := 1; i <= members; i++ {
 		ns := fmt.Sprintf("fenced-%s-%d", id, i)
 		addNetns(t, ip, ns)
@@ -148,11 +149,13 @@ func netnsEtcd(t *testing.T) (url, dev, restart, restore string) {
 		addVeth(t, ip, host, fmt.Sprintf("fq%s%d", id, i), ns, "", peerIP(i)+"/24")
 		run("link", "set", host, "master", bridge)
 		advertise := "http://" + peerIP(i) + ":2379"
+		endpoints = append(endpoints, peerIP(i)+":2379")
 		if i == 1 {
 			dev = host
 			addVeth(t, ip, "fc"+id, "fd"+id, ns, clientNet+".1/30", clientNet+".2/30")
 			advertise = "http://" + clientNet + ".2:2379"
 			url = "etcd://" + clientNet + ".2:2379"
+			endpoints[0] = clientNet + ".2:2379"
 		}
 		name, pid := fmt.Sprintf("m%d", i), filepath.Join(dir, fmt.Sprintf("m%d.pid", i))
 		start := filepath.Join(dir, name+".start")
@@ -183,5 +186,5 @@ echo $! > %[10]s
 	}
 	waitListening(t, strings.TrimPrefix(url, "etcd://"), 20*time.Second)
 	restore = strings.Join(stops, "; ") + "; " + strings.Join(restores, " && ") + " && " + strings.Join(starts, " && ")
-	return url, dev, restart, restore
+	return url, "etcd://" + strings.Join(endpoints, ","), dev, restart, restore
 }

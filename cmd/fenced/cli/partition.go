@@ -40,13 +40,7 @@ func (t *tortureRun) partition(ctx context.Context, f torture.Fault) {
 	what := ""
 	if d, ok := t.drv.(*etcd.Driver); ok {
 		t.partitions++
-		roleCtx, cancel := context.WithTimeout(ctx, 15*time.Second)
-		role, err := etcdRole(roleCtx, d, t.url, t.partitions%2 == 1)
-		cancel()
-		if err != nil {
-			role = "the clients' member (its role not arranged: " + err.Error() + ")"
-		}
-		what = "etcd " + role + " cut off from its peers, clients still talking to it: "
+		what = "etcd " + t.arrangeRole(ctx, d, t.partitions) + " cut off from its peers, clients still talking to it: "
 	}
 	begin := torture.Now()
 	if err := setLink(ctx, t.o.partitionDev, false); err != nil {

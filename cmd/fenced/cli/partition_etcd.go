@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net/url"
 	"strconv"
+	"time"
 
 	"github.com/fenced-dev/fenced/backend/etcd"
 )
@@ -21,7 +22,17 @@ func etcdRole(ctx context.Context, d *etcd.Driver, rawURL string, leader bool) (
 	if len(eps) == 0 {
 		return "", fmt.Errorf("the client has no endpoint")
 	}
+	// Right after a partition healed (or a restart) the member may know no leader yet (0):
+	// ask again until it does.
 	st, err := cli.Status(ctx, eps[0])
+	for err == nil && st.Leader == 0 {
+		select {
+		case <-ctx.Done():
+			return "", fmt.Errorf("%s knows no leader: %w", eps[0], ctx.Err())
+		case <-time.After(100 * time.Millisecond): // polling the member's state, not ordering work
+		}
+		st, err = cli.Status(ctx, eps[0])
+	}
 	if err != nil {
 		return "", fmt.Errorf("status of %s: %w", eps[0], err)
 	}

@@ -77,8 +77,10 @@ Faults (--faults, comma-separated; default: every one that applies to the databa
   restart     restart the database server on this machine: PostgreSQL (pg_ctlcluster) or
               MariaDB (SHUTDOWN, then mariadbd started again), or any server with
               --restart-cmd (e.g. kill -9 of a redis-server with appendfsync always, or of an
-              etcd member, and its start from the same data directory); not applicable to
-              SQLite
+              etcd member, and its start from the same data directory: on etcd it must
+              crash the URL's first endpoint's member, which torture makes the leader before
+              the first restart and a follower before the next, in turn, and waits until it
+              has rejoined); not applicable to SQLite
   clock       jump the database clock forward and back: SQLite only (an offset file read by
               every statement); PostgreSQL's clock_timestamp() cannot be offset
   rowlock     hold a leased resource's row lock (FOR UPDATE, or an UPDATE rolled back) until
@@ -580,6 +582,7 @@ type tortureRun struct {
 	barrierPath string           // held shared by every request, exclusively by the restore fault
 	barrier     *torture.Barrier // the nemesis's own open file description of it
 	partitions  int              // partition faults so far (etcd: the cut member's role alternates)
+	restarts    int              // restart faults so far (etcd: the crashed member's role alternates)
 }
 
 // tortureProc is one worker process seen from the parent.
@@ -875,18 +878,7 @@ func (t *tortureRun) inject(ctx context.Context, f torture.Fault) {
 			_ = t.nem.Write(torture.Record{Kind: torture.KindEvent, Event: torture.FaultKill, Proc: p.name, Slot: f.Slot, Time: killed, Detail: detail})
 		}
 	case torture.FaultRestart:
-		begin := torture.Now()
-		detail := "server restarted"
-		err := t.restart(ctx)
-		if err != nil {
-			detail = err.Error()
-		}
-		// A restarted Redis has a new run id: its scripts bump the epoch at the first
-		// lease-carrying request, which frees every lease held across the restart. The
-		// checker's model must know it, or a holder's refused release is a violation to it.
-		_, selfBump := t.drv.(*redis.Driver)
-		_ = t.nem.Write(torture.Record{Kind: torture.KindEvent, Event: torture.FaultRestart, Time: begin, EndTime: torture.Now(),
-			Detail: detail, SelfBump: selfBump && err == nil})
+		t.restartFault(ctx)
 	case torture.FaultRowLock:
 		t.holdRowLock(ctx, f)
 	case torture.FaultBump:

@@ -60,7 +60,7 @@ func TestTortureEveryBackend(t *testing.T) {
 			}
 			// Three members in namespaces of their own; the workers talk to m1, which the
 			// partition fault cuts off from the other two, as the leader and as a follower.
-			url, dev, restart, restore := netnsEtcd(t)
+			url, _, dev, restart, restore := netnsEtcd(t)
 			return url, []string{"--restart-cmd", restart, "--restore-cmd", restore, "--partition-dev", dev,
 				"--faults", "pause,kill,drop-reply,bump,restore,restart,partition"}
 		}, "pause,kill,drop-reply,bump,restart,restore",
