@@ -163,7 +163,9 @@ func (b *Bucket) put(ctx context.Context, key, contentType string, r io.Reader) 
 //
 // The SHA-256 is not in the key, so the commit and the syncs do not wait for it: the staged
 // file is hashed by reading it back while it is written, linked and synced (see stage), and
-// put returns once both the syncs and the hash are done. A failure of either removes the key.
+// put returns once both the syncs and the hash are done. A failure of either removes the key
+// (TestSyncFailureRemovesTheKey forces a failed sync; a failed read-back of the hash shares
+// that path but is not forced by a test).
 func (b *Bucket) putFile(ctx context.Context, key string, r io.Reader) ([]byte, int64, error) {
 	st, err := createStaging(filepath.Join(b.dir, tmpDir))
 	if err != nil {

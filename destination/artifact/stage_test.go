@@ -98,3 +98,19 @@ func TestHashDoesNotHoldBackTheSync(t *testing.T) {
 		t.Fatalf("stored %d bytes (%v), want the %d uploaded", len(got), err, len(data))
 	}
 }
+
+// A committed object whose fsync fails is removed, so that no key names bytes that may not
+// survive a crash; the upload fails with the sync's error.
+func TestSyncFailureRemovesTheKey(t *testing.T) {
+	ctx, b := testCtx(t), fileStore.open(t)
+	boom := errors.New("the disk refused the flush")
+	syncFile = func(*os.File) error { return boom }
+	defer func() { syncFile = (*os.File).Sync }()
+	key := objectKey(resource, "owner", fenced.Token{Epoch: 3, Generation: 1}, newNonce())
+	if _, _, err := b.put(ctx, key, "", bytes.NewReader(stageData(3*stageChunk+1))); !errors.Is(err, boom) {
+		t.Fatalf("put: %v, want the sync's error", err)
+	}
+	if _, err := os.Stat(filepath.Join(b.dir, filepath.FromSlash(key))); !errors.Is(err, os.ErrNotExist) {
+		t.Fatalf("the key exists after its sync failed: %v", err)
+	}
+}
