@@ -2,7 +2,6 @@ package server_test
 
 import (
 	"bufio"
-	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -81,22 +80,13 @@ func floorServer(b *testing.B) string {
 	return "http://" + ln.Addr().String() + "/v1/resources/bench/acquire"
 }
 
-// httpFloor is one cycle's two HTTP round trips (the remote driver's transport settings)
-// to floorServer: what the service's cycle costs beyond the library's, at the least.
+// httpFloor is floorCycle, b.N times: what the service's cycle costs beyond the library's,
+// at the least.
 func httpFloor(b *testing.B, url string) {
-	tr := http.DefaultTransport.(*http.Transport).Clone()
-	tr.MaxIdleConnsPerHost = tr.MaxIdleConns
-	defer tr.CloseIdleConnections()
-	c := &http.Client{Transport: tr}
-	req := []byte(`{"ttl_ms":60000,"owner":"o"}`)
+	one := floorCycle(b, url)
 	b.ResetTimer()
-	for range 2 * b.N {
-		resp, err := c.Post(url, "application/json", bytes.NewReader(req))
-		if err != nil {
-			b.Fatal(err)
-		}
-		_, _ = io.Copy(io.Discard, resp.Body)
-		_ = resp.Body.Close()
+	for range b.N {
+		one()
 	}
 }
 
