@@ -16,6 +16,12 @@
 //	         every millisecond: how long after the TTL it gets the resource (the advisory
 //	         lock has no TTL: its holder's connection closes, and the time is from the start)
 //
+// With -etcd-counts the workloads do not run: instead each etcd system, and bare Txns of three
+// shapes beside them, runs 16 clients on 16 resources for -d, and the table gives per pair the
+// etcd requests sent by kind, what the embedded member did (Raft proposals, WAL fsyncs, MVCC
+// puts, deletes and ranges, lease grants, revocations and renewals) and the process's CPU time,
+// which the machine's other load moves far less than pairs per second (counts.go).
+//
 // Every lock is taken with its try operation (no library back-off): fenced's Acquire answers
 // busy at once, redsync runs with one try, redislock without retries, the Mutex with
 // TryLock, the advisory lock with pg_try_advisory_lock.
@@ -119,6 +125,14 @@ func main() {
 			os.Exit(1)
 		}
 		defer pprof.StopCPUProfile()
+	}
+	if *etcdCounts {
+		if err := countEtcd(ctx, systems); err != nil {
+			fmt.Fprintln(os.Stderr, "peers:", err)
+			pprof.StopCPUProfile()
+			os.Exit(1)
+		}
+		return
 	}
 	for round := range *rounds {
 		for _, s := range systems {
@@ -511,7 +525,11 @@ func setup(ctx context.Context) ([]system, func(), error) {
 		cleanups = append(cleanups, e.Close)
 		endpoints = []string{ep}
 	}
-	ecli, err := clientv3.New(clientv3.Config{Endpoints: endpoints, DialTimeout: 5 * time.Second, Logger: zap.NewNop()})
+	ecfg := clientv3.Config{Endpoints: endpoints, DialTimeout: 5 * time.Second, Logger: zap.NewNop()}
+	if *etcdCounts {
+		ecfg.DialOptions = rpcs.dialOptions()
+	}
+	ecli, err := clientv3.New(ecfg)
 	if err != nil {
 		return fail(err)
 	}
@@ -543,6 +561,15 @@ func setup(ctx context.Context) ([]system, func(), error) {
 		}
 	}
 	systems = append(systems, mutexSystem(ecli, eprefix))
+	if *etcdCounts {
+		for _, shape := range []int{rawNarrow, rawFolded, rawWide} {
+			raw, err := rawTxnSystem(ecli, eprefix, shape)
+			if err != nil {
+				return fail(err)
+			}
+			systems = append(systems, raw)
+		}
+	}
 	return systems, cleanup, nil
 }
 
