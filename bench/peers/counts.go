@@ -16,7 +16,7 @@ import (
 	"google.golang.org/grpc"
 )
 
-var etcdCounts = flag.Bool("etcd-counts", false, "instead of the workloads, run 16 clients on 16 resources for -d on each etcd system and print, per acquire+release pair, the etcd requests it sent by kind (client side) and what the embedded member did: Raft proposals, WAL fsyncs, MVCC puts, deletes and ranges, lease grants, revocations and renewals")
+var etcdCounts = flag.Bool("etcd-counts", false, "instead of the workloads, run 16 clients on 16 resources for -d on each etcd system and print, per acquire+release pair, the etcd requests it sent by kind (client side) and what the embedded member did: Raft proposals, WAL fsyncs and bytes, MVCC puts, deletes and ranges, lease grants, revocations and renewals")
 
 // rpcCounter counts the client's gRPC calls by method, the streams it opens and the
 // messages it sends on them.
@@ -80,6 +80,7 @@ func short(method string) string { return method[strings.LastIndex(method, "/")+
 var serverMetrics = []struct{ label, metric string }{
 	{"Raft proposals committed", "etcd_server_proposals_committed_total"},
 	{"WAL fsyncs", "etcd_disk_wal_fsync_duration_seconds"},
+	{"WAL bytes", "etcd_disk_wal_write_bytes_total"},
 	{"backend commits", "etcd_disk_backend_commit_duration_seconds"},
 	{"MVCC puts", "etcd_mvcc_put_total"},
 	{"MVCC deletes", "etcd_mvcc_delete_total"},
