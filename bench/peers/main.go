@@ -18,7 +18,7 @@
 //
 // With -etcd-counts the workloads do not run: instead each etcd system, and bare Txns of three
 // shapes beside them, runs 16 clients on 16 resources for -d, and the table gives per pair the
-// etcd requests sent by kind, what the embedded member did (Raft proposals, WAL fsyncs, MVCC
+// etcd requests sent by kind, what the embedded member did (Raft proposals, WAL fsyncs and bytes, MVCC
 // puts, deletes and ranges, lease grants, revocations and renewals) and the process's CPU time,
 // which the machine's other load moves far less than pairs per second (counts.go).
 //
