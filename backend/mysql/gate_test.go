@@ -71,20 +71,35 @@ func TestGateBatchedNeedsMultiStatements(t *testing.T) {
 // lock is decided on the committed mark.
 func TestGateCheckWaitsForTheRaise(t *testing.T) {
 	t.Parallel()
-	// MariaDB refreshes its INNODB_TRX cache only when it was not read for 100 ms.
-	gatetest.CheckWaitsForTheRaise(t, gateEngine, 150*time.Millisecond,
-		func(ctx context.Context, db *sql.DB, tx2 *sql.Tx) func() bool {
-			var id int64
-			if err := tx2.QueryRowContext(ctx, "SELECT CONNECTION_ID()").Scan(&id); err != nil {
-				t.Fatal(err)
-			}
-			return func() bool {
-				var waiting bool
-				err := db.QueryRowContext(ctx, `SELECT COUNT(*) > 0 FROM information_schema.INNODB_TRX
-					WHERE trx_mysql_thread_id = ? AND trx_state = 'LOCK WAIT'`, id).Scan(&waiting)
-				return err == nil && waiting
-			}
-		})
+	gatetest.CheckWaitsForTheRaise(t, gateEngine, innodbTrxInterval, innodbWaiting(t))
+}
+
+// TestGateRaiseWaitsForTheCheck: a raise waits for a transaction that checked the mark's own
+// token (InnoDB's exclusive row lock; a second check of that token waits too).
+func TestGateRaiseWaitsForTheCheck(t *testing.T) {
+	t.Parallel()
+	if err := gatetest.RaiseWaitsForTheCheck(context.Background(), gatetest.NewService(t, gateEngine), false, innodbTrxInterval, innodbWaiting(t)); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// MariaDB refreshes its INNODB_TRX cache only when it was not read for 100 ms.
+const innodbTrxInterval = 150 * time.Millisecond
+
+// innodbWaiting reports whether tx2's transaction waits on a lock.
+func innodbWaiting(t *testing.T) func(ctx context.Context, db *sql.DB, tx2 *sql.Tx) func() bool {
+	return func(ctx context.Context, db *sql.DB, tx2 *sql.Tx) func() bool {
+		var id int64
+		if err := tx2.QueryRowContext(ctx, "SELECT CONNECTION_ID()").Scan(&id); err != nil {
+			t.Fatal(err)
+		}
+		return func() bool {
+			var waiting bool
+			err := db.QueryRowContext(ctx, `SELECT COUNT(*) > 0 FROM information_schema.INNODB_TRX
+				WHERE trx_mysql_thread_id = ? AND trx_state = 'LOCK WAIT'`, id).Scan(&waiting)
+			return err == nil && waiting
+		}
+	}
 }
 
 // BenchmarkGate: a service's write transaction with the gate's check beside the same

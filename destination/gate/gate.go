@@ -108,6 +108,12 @@ func (g *Gate) prepared() *sql.Stmt {
 
 type queries struct {
 	create, add, check, mark string
+	// answers: the check is a query whose one row says whether it accepted; otherwise it
+	// accepted when it affected one row. On PostgreSQL the check is raise (a data-modifying
+	// WITH clause named fenced_raise) followed by answer; Exec puts the service's write
+	// beside them.
+	answers       bool
+	raise, answer string
 	// checkArgs orders the statement's arguments: "?" in MySQL is positional.
 	checkArgs func(resource string, t fenced.Token) []any
 }
@@ -181,11 +187,15 @@ type execer interface {
 
 // Check accepts token for resource inside the service's transaction tx, raising the mark to
 // token if it is newer; the caller then makes its write in tx and commits. The check and the
-// raise are one conditional statement, and in PostgreSQL and MySQL the row stays locked until
-// tx ends, so concurrent writes to one resource are checked one after the other. A token older
-// than the mark is refused with *destination.StaleError (ErrStale), an unmarked resource with
+// raise are one conditional statement, and the mark cannot be raised by another transaction
+// until tx ends: in PostgreSQL and MySQL the row stays locked (on PostgreSQL a token equal to
+// the mark takes a share lock, so writes under one token are checked side by side, and a raise
+// waits for all of them), in SQLite tx holds the database's write lock. A check that waits for
+// an uncommitted raise is decided on the raised mark once that commits. A token older than the
+// mark is refused with *destination.StaleError (ErrStale), an unmarked resource with
 // ErrUnknownResource; either way nothing was changed and the caller must roll tx back. A token
-// equal to the mark is accepted: a holder writes many times under one token.
+// equal to the mark is accepted without writing the mark's row (except on MySQL): a holder
+// writes many times under one token.
 //
 // The check runs as a statement prepared once per connection as soon as the gate has run
 // anything outside a transaction (Migrate, Add, Mark, Fence, Do); before that, as text.
@@ -214,7 +224,14 @@ func (t txStmt) ExecContext(ctx context.Context, query string, args ...any) (sql
 }
 
 func (t txStmt) QueryRowContext(ctx context.Context, query string, args ...any) *sql.Row {
-	return t.tx.QueryRowContext(ctx, query, args...)
+	if query != t.query {
+		return t.tx.QueryRowContext(ctx, query, args...)
+	}
+	// Closing the transaction's handle leaves the row readable: the statement it derives
+	// from stays open on the connection.
+	s := t.tx.StmtContext(ctx, t.s)
+	defer func() { _ = s.Close() }()
+	return s.QueryRowContext(ctx, args...)
 }
 
 func (g *Gate) check(ctx context.Context, ex execer, resource string, token fenced.Token) error {
@@ -232,18 +249,30 @@ func (g *Gate) checkAfter(ctx context.Context, ex execer, resource string, token
 	if before != "" {
 		query, what = before+"; "+query, "write and check in one batch (does the DSN have multiStatements=true and interpolateParams=true?)"
 	}
-	res, err := ex.ExecContext(ctx, query, append(args, g.q.checkArgs(resource, token)...)...)
+	accepted, err := g.accepted(ctx, ex, query, append(args, g.q.checkArgs(resource, token)...))
 	if err != nil {
 		return fmt.Errorf("gate: %s %q: %w", what, resource, err)
 	}
-	n, err := res.RowsAffected()
-	if err != nil {
-		return fmt.Errorf("gate: check %q: %w", resource, err)
-	}
-	if n == 1 {
+	if accepted {
 		return nil
 	}
 	return g.refused(ctx, ex, resource, token)
+}
+
+// accepted runs a check and reads its answer: the query's boolean (PostgreSQL) or one
+// affected row.
+func (g *Gate) accepted(ctx context.Context, ex execer, query string, args []any) (bool, error) {
+	if g.q.answers {
+		var ok bool
+		err := ex.QueryRowContext(ctx, query, args...).Scan(&ok)
+		return ok, err
+	}
+	res, err := ex.ExecContext(ctx, query, args...)
+	if err != nil {
+		return false, err
+	}
+	n, err := res.RowsAffected()
+	return n == 1, err
 }
 
 // Exec checks token for resource and runs the service's write statement in tx, as Check and
@@ -277,10 +306,9 @@ func (g *Gate) Exec(ctx context.Context, tx *sql.Tx, resource string, token fenc
 		return fmt.Errorf("gate: %q: token %s is negative: %w", resource, token, destination.ErrMalformed)
 	}
 	n := len(args)
-	check := strings.NewReplacer("$1", fmt.Sprintf("$%d", n+1), "$2", fmt.Sprintf("$%d", n+2), "$3", fmt.Sprintf("$%d", n+3)).Replace(g.q.check)
-	var accepted bool
-	err := tx.QueryRowContext(ctx, "WITH fenced_write AS ("+write+"), fenced_check AS ("+check+
-		" RETURNING 1) SELECT EXISTS (SELECT FROM fenced_check)", append(args, g.q.checkArgs(resource, token)...)...).Scan(&accepted)
+	renumber := strings.NewReplacer("$1", fmt.Sprintf("$%d", n+1), "$2", fmt.Sprintf("$%d", n+2), "$3", fmt.Sprintf("$%d", n+3))
+	query := "WITH fenced_write AS (" + write + "), fenced_raise AS (" + renumber.Replace(g.q.raise) + ") " + renumber.Replace(g.q.answer)
+	accepted, err := g.accepted(ctx, tx, query, append(args, g.q.checkArgs(resource, token)...))
 	if err != nil {
 		return fmt.Errorf("gate: check and write %q: %w", resource, err)
 	}

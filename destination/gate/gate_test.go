@@ -4,7 +4,9 @@ import (
 	"context"
 	"crypto/rand"
 	"database/sql"
+	"fmt"
 	"net/url"
+	"os"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -100,18 +102,7 @@ func TestNewRefusesBadConfig(t *testing.T) {
 // TestPostgresCheckWaitsForTheRaise: a check waiting on an uncommitted raise's row lock is
 // decided on the committed mark.
 func TestPostgresCheckWaitsForTheRaise(t *testing.T) {
-	gatetest.CheckWaitsForTheRaise(t, gatetest.Engine{Dialect: gate.Postgres, Open: openPostgres}, 10*time.Millisecond,
-		func(ctx context.Context, db *sql.DB, tx2 *sql.Tx) func() bool {
-			var pid int
-			if err := tx2.QueryRowContext(ctx, "SELECT pg_backend_pid()").Scan(&pid); err != nil {
-				t.Fatal(err)
-			}
-			return func() bool {
-				var waiting bool
-				err := db.QueryRowContext(ctx, "SELECT wait_event_type = 'Lock' FROM pg_stat_activity WHERE pid = $1", pid).Scan(&waiting)
-				return err == nil && waiting
-			}
-		})
+	gatetest.CheckWaitsForTheRaise(t, gatetest.Engine{Dialect: gate.Postgres, Open: openPostgres}, 10*time.Millisecond, pgWaiting(t))
 }
 
 // BenchmarkGate: a service's write transaction with the gate's check beside the same
@@ -119,4 +110,183 @@ func TestPostgresCheckWaitsForTheRaise(t *testing.T) {
 func BenchmarkGate(b *testing.B) {
 	b.Run("db=sqlite", func(b *testing.B) { gatetest.Bench(b, gatetest.Engine{Dialect: gate.SQLite, Open: openSQLite}) })
 	b.Run("db=postgres", func(b *testing.B) { gatetest.Bench(b, gatetest.Engine{Dialect: gate.Postgres, Open: openPostgres}) })
+}
+
+// pgWaiting reports whether tx2's session waits on a lock.
+func pgWaiting(t *testing.T) func(ctx context.Context, db *sql.DB, tx2 *sql.Tx) func() bool {
+	return func(ctx context.Context, db *sql.DB, tx2 *sql.Tx) func() bool {
+		var pid int
+		if err := tx2.QueryRowContext(ctx, "SELECT pg_backend_pid()").Scan(&pid); err != nil {
+			t.Fatal(err)
+		}
+		return func() bool {
+			var waiting bool
+			err := db.QueryRowContext(ctx, "SELECT wait_event_type = 'Lock' FROM pg_stat_activity WHERE pid = $1", pid).Scan(&waiting)
+			return err == nil && waiting
+		}
+	}
+}
+
+// TestPostgresRaiseWaitsForTheCheck: a check of the mark's own token takes a share lock that a
+// raise waits for, and that a second check of the same token does not. The mutants without the
+// share lock, or with FOR KEY SHARE (which a raise does not wait for), let the raise commit
+// while the first check's transaction is open.
+func TestPostgresRaiseWaitsForTheCheck(t *testing.T) {
+	e := gatetest.Engine{Dialect: gate.Postgres, Open: openPostgres}
+	ctx := context.Background()
+	if err := gatetest.RaiseWaitsForTheCheck(ctx, gatetest.NewService(t, e), true, 10*time.Millisecond, pgWaiting(t)); err != nil {
+		t.Fatal(err)
+	}
+	for _, lock := range []string{"FOR KEY SHARE", ""} {
+		t.Run("mutant "+lock, func(t *testing.T) {
+			s := gatetest.NewService(t, e)
+			gate.ShareLock(s.Gate, lock)
+			err := gatetest.RaiseWaitsForTheCheck(ctx, s, true, 10*time.Millisecond, pgWaiting(t))
+			if err == nil || !strings.Contains(err.Error(), "while tx1") {
+				t.Fatalf("the mutant %q passed: %v", lock, err)
+			}
+		})
+	}
+}
+
+// openSQLiteAt opens the database at path with the given busy timeout in milliseconds.
+func openSQLiteAt(t testing.TB, path string, busyMillis int) *sql.DB {
+	db, err := sql.Open("sqlite", fmt.Sprintf("file:%s?_pragma=busy_timeout(%d)&_pragma=journal_mode(WAL)", path, busyMillis))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = db.Close() })
+	return db
+}
+
+// TestSQLiteCheckHoldsTheWriteLock: on SQLite, a check of the mark's own token writes nothing
+// but takes the database's write lock, so a raise from another connection cannot commit while
+// the checking transaction is open (with no busy timeout it is refused at once). The mutant
+// whose check is a plain read lets the raise commit.
+func TestSQLiteCheckHoldsTheWriteLock(t *testing.T) {
+	for _, c := range []struct {
+		name   string
+		mutate func(*gate.Gate)
+	}{{"check", nil}, {"mutant read-only", gate.ReadOnlyEqual}} {
+		t.Run(c.name, func(t *testing.T) {
+			ctx := context.Background()
+			path := filepath.Join(t.TempDir(), "service ü.db")
+			s := gatetest.NewService(t, gatetest.Engine{Dialect: gate.SQLite, Open: func(t testing.TB) *sql.DB { return openSQLiteAt(t, path, 10000) }})
+			other, err := gate.New(openSQLiteAt(t, path, 0), gate.SQLite, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			const r = "rapport nº 8"
+			b, next := gatetest.Tok(1, 6), gatetest.Tok(2, 1)
+			if err := s.Gate.Add(ctx, r); err != nil {
+				t.Fatal(err)
+			}
+			if err := s.Gate.Fence(ctx, r, b); err != nil {
+				t.Fatal(err)
+			}
+			if c.mutate != nil {
+				c.mutate(s.Gate)
+			}
+			tx1, err := s.DB.BeginTx(ctx, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer func() { _ = tx1.Rollback() }()
+			if err := s.Gate.Check(ctx, tx1, r, b); err != nil {
+				t.Fatal(err)
+			}
+			err = other.Fence(ctx, r, next)
+			if c.mutate != nil {
+				if err == nil {
+					return // the mutant is caught: the raise committed while tx1 was open
+				}
+				t.Fatalf("the mutant's raise was refused: %v", err)
+			}
+			if err == nil || !strings.Contains(err.Error(), "locked") {
+				t.Fatalf("a raise while a check's transaction is open: %v, want database is locked", err)
+			}
+			if err := s.WriteTx(ctx, tx1, r, []byte("under b \x00")); err != nil {
+				t.Fatal(err)
+			}
+			if err := tx1.Commit(); err != nil {
+				t.Fatal(err)
+			}
+			if err := other.Fence(ctx, r, next); err != nil {
+				t.Fatalf("the raise after tx1 committed: %v", err)
+			}
+		})
+	}
+}
+
+// TestEqualCheckWritesNothing: a committed check of the mark's own token leaves the mark's row
+// as it was: no new row version on PostgreSQL (its ctid and xmin unchanged), no WAL frame on
+// SQLite. The earlier check (gate.Legacy), run the same way, is shown to write.
+func TestEqualCheckWritesNothing(t *testing.T) {
+	ctx := context.Background()
+	const r = "rapport nº 9"
+	tk := gatetest.Tok(1, 4)
+	for _, c := range []struct {
+		engine gatetest.Engine
+		// written returns a reading of what the database has written, to compare
+		written func(s *gatetest.Service, path string) string
+	}{
+		{gatetest.Engine{Dialect: gate.Postgres, Open: openPostgres}, func(s *gatetest.Service, _ string) string {
+			var v string
+			if err := s.DB.QueryRowContext(ctx, "SELECT ctid::text || ' ' || xmin::text FROM "+gate.DefaultTable+" WHERE resource = $1", r).Scan(&v); err != nil {
+				t.Fatal(err)
+			}
+			return v
+		}},
+		{gatetest.Engine{Dialect: gate.SQLite}, func(_ *gatetest.Service, path string) string {
+			fi, err := os.Stat(path + "-wal")
+			if err != nil {
+				t.Fatal(err)
+			}
+			return fmt.Sprint(fi.Size(), " bytes of WAL")
+		}},
+	} {
+		for _, legacy := range []bool{false, true} {
+			t.Run(fmt.Sprintf("%s/legacy=%v", c.engine.Dialect, legacy), func(t *testing.T) {
+				e := c.engine
+				path := filepath.Join(t.TempDir(), "service.db")
+				if e.Dialect == gate.SQLite {
+					e.Open = func(t testing.TB) *sql.DB { return openSQLiteAt(t, path, 10000) }
+				}
+				s := gatetest.NewService(t, e)
+				if err := s.Gate.Add(ctx, r); err != nil {
+					t.Fatal(err)
+				}
+				if legacy {
+					if err := gate.Legacy(ctx, s.Gate); err != nil {
+						t.Fatal(err)
+					}
+				}
+				if err := s.Gate.Fence(ctx, r, tk); err != nil {
+					t.Fatal(err)
+				}
+				before := c.written(s, path)
+				for range 20 {
+					if err := s.Gate.Do(ctx, r, tk, func(*sql.Tx) error { return nil }); err != nil {
+						t.Fatal(err)
+					}
+				}
+				after := c.written(s, path)
+				if changed := before != after; changed != legacy {
+					t.Fatalf("before %q, after 20 equal checks %q", before, after)
+				}
+			})
+		}
+	}
+}
+
+// BenchmarkGateEarlier: the service's transaction with the current check and with the earlier
+// one (which wrote the mark's row on an equal token) in the same rounds, beside the raw
+// transaction. Run with: go test -run '^$' -bench 'GateEarlier/.*/earlier' -benchtime 2s -count 3 ./destination/gate/
+func BenchmarkGateEarlier(b *testing.B) {
+	b.Run("db=sqlite", func(b *testing.B) {
+		gatetest.BenchAgainst(b, gatetest.Engine{Dialect: gate.SQLite, Open: openSQLite}, gate.Legacy)
+	})
+	b.Run("db=postgres", func(b *testing.B) {
+		gatetest.BenchAgainst(b, gatetest.Engine{Dialect: gate.Postgres, Open: openPostgres}, gate.Legacy)
+	})
 }

@@ -439,60 +439,149 @@ func WaitFor(t *testing.T, what string, interval time.Duration, cond func() bool
 	t.Fatalf("timed out waiting for %s", what)
 }
 
-// CheckWaitsForTheRaise forces the schedule behind Check's promise that concurrent writes to
-// one resource are checked one after the other: tx1 raises the mark to b and holds its
-// transaction open; tx2 checks a < b and waits on the row lock, which waiting (given tx2, to
-// find its session) reports from the server; tx1 commits; tx2 must be refused on the
-// committed mark. For engines with row locks (PostgreSQL, MySQL).
+// CheckWaitsForTheRaise forces the schedule behind Check's promise that a check waiting for an
+// uncommitted raise is decided on the raised mark: tx1 raises the mark to b and holds its
+// transaction open; tx2 checks a token and waits on the row lock, which waiting (given tx2, to
+// find its session) reports from the server; tx1 commits. A token older than b must then be
+// refused, and b itself accepted (the check reads the raised row, not its snapshot). For
+// engines with row locks (PostgreSQL, MySQL).
 func CheckWaitsForTheRaise(t *testing.T, e Engine, interval time.Duration, waiting func(ctx context.Context, db *sql.DB, tx2 *sql.Tx) func() bool) {
-	ctx := context.Background()
-	s := NewService(t, e)
-	if err := s.Gate.Add(ctx, res); err != nil {
-		t.Fatal(err)
+	for _, c := range []struct {
+		name string
+		a    fenced.Token
+		want error
+	}{
+		{"older", tok(1, 5), destination.ErrStale},
+		{"equal", tok(1, 6), nil},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			ctx := context.Background()
+			s := NewService(t, e)
+			if err := s.Gate.Add(ctx, res); err != nil {
+				t.Fatal(err)
+			}
+			b := tok(1, 6)
+			tx1, err := s.DB.BeginTx(ctx, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer func() { _ = tx1.Rollback() }()
+			if err := s.Gate.Check(ctx, tx1, res, b); err != nil {
+				t.Fatal(err)
+			}
+			tx2, err := s.DB.BeginTx(ctx, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer func() { _ = tx2.Rollback() }()
+			isWaiting := waiting(ctx, s.DB, tx2)
+			done := make(chan error, 1)
+			go func() { done <- s.Gate.Check(ctx, tx2, res, c.a) }()
+			WaitFor(t, "tx2 to wait on the row lock", interval, func() bool {
+				select {
+				case err := <-done:
+					t.Fatalf("tx2's check finished while tx1 held the row: %v", err)
+				default:
+				}
+				return isWaiting()
+			})
+			if err := tx1.Commit(); err != nil {
+				t.Fatal(err)
+			}
+			if err := <-done; !errors.Is(err, c.want) || (c.want == nil && err != nil) {
+				t.Fatalf("tx2's check of %s after tx1 committed %s: %v, want %v", c.a, b, err, c.want)
+			}
+			if err := tx2.Rollback(); err != nil {
+				t.Fatal(err)
+			}
+			if m := mark(t, s, res); m != b {
+				t.Fatalf("mark %s, want %s", m, b)
+			}
+		})
 	}
-	a, b := tok(1, 5), tok(1, 6)
+}
+
+// RaiseWaitsForTheCheck forces the schedule behind Check's promise that the mark is not raised
+// while a transaction that checked a token equal to it is open, although that check wrote
+// nothing: the holder of b has fenced and its write tx1 has checked b and is still writing;
+// tx2, the next holder's fence, raises the mark to c and must wait (waiting reports tx2's
+// session waiting on the row, polled every interval) until tx1 commits. Were it not to wait, the next holder would
+// be told it was fenced while a write under b was still to commit. When shared, a second check
+// of b in tx3 meanwhile must not wait for tx1 (PostgreSQL's share lock). It returns what
+// went wrong, so that a mutation test can expect it; for engines with row locks.
+func RaiseWaitsForTheCheck(ctx context.Context, s *Service, shared bool, interval time.Duration, waiting func(ctx context.Context, db *sql.DB, tx2 *sql.Tx) func() bool) error {
+	if err := s.Gate.Add(ctx, res); err != nil {
+		return err
+	}
+	b, c := tok(1, 6), tok(2, 1)
+	if err := s.Gate.Fence(ctx, res, b); err != nil {
+		return err
+	}
 	tx1, err := s.DB.BeginTx(ctx, nil)
 	if err != nil {
-		t.Fatal(err)
+		return err
 	}
 	defer func() { _ = tx1.Rollback() }()
 	if err := s.Gate.Check(ctx, tx1, res, b); err != nil {
-		t.Fatal(err)
+		return fmt.Errorf("tx1's check of the mark's own token: %w", err)
+	}
+	if shared {
+		if err := s.Write(ctx, res, b, []byte("tx3 \x00")); err != nil {
+			return fmt.Errorf("tx3, a second write under %s while tx1 is open: %w", b, err)
+		}
 	}
 	tx2, err := s.DB.BeginTx(ctx, nil)
 	if err != nil {
-		t.Fatal(err)
+		return err
 	}
 	defer func() { _ = tx2.Rollback() }()
 	isWaiting := waiting(ctx, s.DB, tx2)
 	done := make(chan error, 1)
-	go func() { done <- s.Gate.Check(ctx, tx2, res, a) }()
-	WaitFor(t, "tx2 to wait on the row lock", interval, func() bool {
+	go func() {
+		err := s.Gate.Check(ctx, tx2, res, c)
+		if err == nil {
+			err = tx2.Commit()
+		}
+		done <- err
+	}()
+	for deadline := time.Now().Add(time.Minute); !isWaiting(); time.Sleep(interval) {
 		select {
 		case err := <-done:
-			t.Fatalf("tx2's check finished while tx1 held the row: %v", err)
+			_ = tx1.Rollback()
+			return fmt.Errorf("the raise to %s finished (%v) while tx1, which checked %s, was open", c, err, b)
 		default:
 		}
-		return isWaiting()
-	})
+		if time.Now().After(deadline) {
+			return errors.New("timed out waiting for the raise to wait on the row lock")
+		}
+	}
+	if err := s.WriteTx(ctx, tx1, res, []byte("tx1 \x00")); err != nil {
+		return err
+	}
 	if err := tx1.Commit(); err != nil {
-		t.Fatal(err)
+		return err
 	}
-	if err := <-done; !errors.Is(err, destination.ErrStale) {
-		t.Fatalf("tx2's check after tx1 committed: %v, want stale", err)
+	if err := <-done; err != nil {
+		return fmt.Errorf("the raise after tx1 committed: %w", err)
 	}
-	if err := tx2.Rollback(); err != nil {
-		t.Fatal(err)
+	if m, err := s.Gate.Mark(ctx, res); err != nil || m != c {
+		return fmt.Errorf("mark %s (%v), want %s", m, err, c)
 	}
-	if m := mark(t, s, res); m != b {
-		t.Fatalf("mark %s, want %s", m, b)
+	if err := s.Write(ctx, res, b, []byte("late")); !errors.Is(err, destination.ErrStale) {
+		return fmt.Errorf("a write under %s after the raise: %v, want stale", b, err)
 	}
+	return nil
 }
 
 // Bench measures a service's write transaction (BEGIN, upsert, COMMIT) with the gate's check
 // inside (impl=gate) beside the same transaction without it (impl=raw), on one database in the
 // same run. Compare with benchstat -col /impl.
-func Bench(b *testing.B, e Engine) {
+func Bench(b *testing.B, e Engine) { BenchAgainst(b, e, nil) }
+
+// BenchAgainst is Bench, and when earlier is not nil also "earlier": the same rounds with a
+// second gate that earlier has given the check of a former version (gate.Legacy in the gate's
+// tests), so that the two are compared in one process on one database.
+func BenchAgainst(b *testing.B, e Engine, earlier func(context.Context, *gate.Gate) error) {
 	ctx := context.Background()
 	s := NewService(b, e)
 	if err := s.Gate.Add(ctx, res); err != nil {
@@ -520,33 +609,38 @@ func Bench(b *testing.B, e Engine) {
 			b.Fatal(err)
 		}
 	}
-	gated := func(b *testing.B) {
-		tx, err := s.DB.BeginTx(ctx, nil)
-		if err != nil {
-			b.Fatal(err)
-		}
-		if err := s.Gate.Check(ctx, tx, res, token); err != nil {
-			b.Fatal(err)
-		}
-		if err := s.WriteTx(ctx, tx, res, next()); err != nil {
-			b.Fatal(err)
-		}
-		if err := tx.Commit(); err != nil {
-			b.Fatal(err)
-		}
-	}
-	execd := func(b *testing.B) { // Exec: on PostgreSQL the check and the write in one statement
-		tx, err := s.DB.BeginTx(ctx, nil)
-		if err != nil {
-			b.Fatal(err)
-		}
-		if err := s.Gate.Exec(ctx, tx, res, token, upsert(s.d), res, next()); err != nil {
-			b.Fatal(err)
-		}
-		if err := tx.Commit(); err != nil {
-			b.Fatal(err)
+	checkedBy := func(g *gate.Gate) func(b *testing.B) {
+		return func(b *testing.B) {
+			tx, err := s.DB.BeginTx(ctx, nil)
+			if err != nil {
+				b.Fatal(err)
+			}
+			if err := g.Check(ctx, tx, res, token); err != nil {
+				b.Fatal(err)
+			}
+			if err := s.WriteTx(ctx, tx, res, next()); err != nil {
+				b.Fatal(err)
+			}
+			if err := tx.Commit(); err != nil {
+				b.Fatal(err)
+			}
 		}
 	}
+	execBy := func(g *gate.Gate) func(b *testing.B) { // Exec: on PostgreSQL the check and the write in one statement
+		return func(b *testing.B) {
+			tx, err := s.DB.BeginTx(ctx, nil)
+			if err != nil {
+				b.Fatal(err)
+			}
+			if err := g.Exec(ctx, tx, res, token, upsert(s.d), res, next()); err != nil {
+				b.Fatal(err)
+			}
+			if err := tx.Commit(); err != nil {
+				b.Fatal(err)
+			}
+		}
+	}
+	gated, execd := checkedBy(s.Gate), execBy(s.Gate)
 	b.Run("impl=raw", func(b *testing.B) {
 		for b.Loop() {
 			raw(b)
@@ -588,5 +682,48 @@ func Bench(b *testing.B, e Engine) {
 		b.ReportMetric(float64(tExec.Nanoseconds())/float64(b.N), "exec-ns/tx")
 		b.ReportMetric(float64(tGate)/float64(tRaw), "gate/raw")
 		b.ReportMetric(float64(tExec)/float64(tRaw), "exec/raw")
+	})
+	if earlier == nil {
+		return
+	}
+	// Against the earlier check: a second gate on the same table with the earlier statement,
+	// its transactions alternating with the current one's in the same rounds.
+	old, err := gate.New(s.DB, e.Dialect, e.Config)
+	if err != nil {
+		b.Fatal(err)
+	}
+	if err := earlier(ctx, old); err != nil {
+		b.Fatal(err)
+	}
+	oldGated, oldExecd := checkedBy(old), execBy(old)
+	// Each round runs the five transactions once; the medians of the per-round ratios are
+	// reported beside the raw transaction and the earlier check.
+	b.Run("earlier", func(b *testing.B) {
+		fns := []func(*testing.B){raw, gated, oldGated, execd, oldExecd}
+		names := []string{"raw", "gate", "old-gate", "exec", "old-exec"}
+		rounds := make([][]float64, len(fns))
+		for b.Loop() {
+			var d [5]time.Duration
+			for k, fn := range fns {
+				t0 := time.Now()
+				fn(b)
+				d[k] = time.Since(t0)
+			}
+			for k := range fns {
+				rounds[k] = append(rounds[k], float64(d[k]))
+			}
+		}
+		ratio := func(x, y int) float64 {
+			r := make([]float64, len(rounds[x]))
+			for k := range r {
+				r[k] = rounds[x][k] / rounds[y][k]
+			}
+			return benchstat.Median(r)
+		}
+		for k := 1; k < len(fns); k++ {
+			b.ReportMetric(ratio(k, 0), names[k]+"/raw-median")
+		}
+		b.ReportMetric(ratio(1, 2), "gate/old-gate-median")
+		b.ReportMetric(ratio(3, 4), "exec/old-exec-median")
 	})
 }
