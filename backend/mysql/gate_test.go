@@ -3,11 +3,13 @@ package mysql
 import (
 	"context"
 	"database/sql"
+	"errors"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/fenced-dev/fenced"
+	"github.com/fenced-dev/fenced/destination"
 	"github.com/fenced-dev/fenced/destination/gate"
 	"github.com/fenced-dev/fenced/destination/gate/gatetest"
 )
@@ -143,6 +145,92 @@ func TestGateCheckIsPrepared(t *testing.T) {
 		}
 		if err := tx.Commit(); err != nil {
 			t.Fatal(err)
+		}
+	}
+}
+
+// sessionStatus reads a counter of tx's session.
+func sessionStatus(t *testing.T, tx *sql.Tx, name string) int64 {
+	t.Helper()
+	var n string
+	var v int64
+	if err := tx.QueryRowContext(context.Background(), "SHOW SESSION STATUS LIKE '"+name+"'").Scan(&n, &v); err != nil {
+		t.Fatal(err)
+	}
+	return v
+}
+
+// TestGateEqualCheckWritesNothing: a check of the mark's own token updates no row (InnoDB is
+// not asked to write, so it logs no undo or redo), where a raise updates one.
+func TestGateEqualCheckWritesNothing(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	s := gatetest.NewService(t, gateEngine)
+	const res = "rapport nº 10 ü"
+	if err := s.Gate.Add(ctx, res); err != nil {
+		t.Fatal(err)
+	}
+	tx, err := s.DB.BeginTx(ctx, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = tx.Rollback() }()
+	for _, c := range []struct {
+		token   fenced.Token
+		updates int64
+	}{{gatetest.Tok(1, 3), 1}, {gatetest.Tok(1, 3), 0}, {gatetest.Tok(1, 3), 0}, {gatetest.Tok(2, 1), 1}} {
+		before := sessionStatus(t, tx, "Handler_update")
+		if err := s.Gate.Check(ctx, tx, res, c.token); err != nil {
+			t.Fatal(err)
+		}
+		if d := sessionStatus(t, tx, "Handler_update") - before; d != c.updates {
+			t.Errorf("check of %s: %d rows updated, want %d", c.token, d, c.updates)
+		}
+	}
+}
+
+// TestGateInsertIDOfAnEarlierStatement: the check reads its decision from the insert id of its
+// own OK packet; a LAST_INSERT_ID(1) left in the session by an earlier statement never makes
+// the check of an unknown resource or of a stale token accepted, alone or batched.
+func TestGateInsertIDOfAnEarlierStatement(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	for _, e := range []gatetest.Engine{gateEngine, batchedEngine} {
+		s := gatetest.NewService(t, e)
+		const res = "rapport nº 11"
+		if err := s.Gate.Add(ctx, res); err != nil {
+			t.Fatal(err)
+		}
+		if err := s.Gate.Fence(ctx, res, gatetest.Tok(1, 5)); err != nil {
+			t.Fatal(err)
+		}
+		for _, c := range []struct {
+			resource string
+			token    fenced.Token
+			want     error
+		}{
+			{"no such resource", gatetest.Tok(9, 9), destination.ErrUnknownResource},
+			{res, gatetest.Tok(1, 4), destination.ErrStale},
+		} {
+			for _, batched := range []bool{false, true} {
+				tx, err := s.DB.BeginTx(ctx, nil)
+				if err != nil {
+					t.Fatal(err)
+				}
+				var one int64
+				if err := tx.QueryRowContext(ctx, "SELECT LAST_INSERT_ID(1)").Scan(&one); err != nil || one != 1 {
+					t.Fatalf("LAST_INSERT_ID(1): %d, %v", one, err)
+				}
+				if batched {
+					err = s.Gate.Exec(ctx, tx, c.resource, c.token, "DO 0")
+				} else {
+					err = s.Gate.Check(ctx, tx, c.resource, c.token)
+				}
+				if !errors.Is(err, c.want) {
+					t.Errorf("%q %s (batched %v): %v, want %v", c.resource, c.token, batched, err, c.want)
+				}
+				_ = tx.Rollback()
+			}
 		}
 	}
 }

@@ -114,6 +114,8 @@ type queries struct {
 	// beside them.
 	answers       bool
 	raise, answer string
+	// byInsertID: the check accepted when it reported an insert id of 1 (MySQL).
+	byInsertID bool
 	// checkArgs orders the statement's arguments: "?" in MySQL is positional.
 	checkArgs func(resource string, t fenced.Token) []any
 }
@@ -194,8 +196,8 @@ type execer interface {
 // an uncommitted raise is decided on the raised mark once that commits. A token older than the
 // mark is refused with *destination.StaleError (ErrStale), an unmarked resource with
 // ErrUnknownResource; either way nothing was changed and the caller must roll tx back. A token
-// equal to the mark is accepted without writing the mark's row (except on MySQL): a holder
-// writes many times under one token.
+// equal to the mark is accepted without writing the mark's row: a holder writes many times
+// under one token. On MySQL the check sets the session's LAST_INSERT_ID() to 1 or 0.
 //
 // The check runs as a statement prepared once per connection as soon as the gate has run
 // anything outside a transaction (Migrate, Add, Mark, Fence, Do); before that, as text.
@@ -239,7 +241,7 @@ func (g *Gate) check(ctx context.Context, ex execer, resource string, token fenc
 }
 
 // checkAfter runs the check, preceded in the same batch by the statement before (with its
-// args) if there is one: the result's affected rows are then the last statement's, the
+// args) if there is one: the result (affected rows, insert id) is then the last statement's, the
 // check's (go-sql-driver/mysql).
 func (g *Gate) checkAfter(ctx context.Context, ex execer, resource string, token fenced.Token, before string, args []any) error {
 	if token.Epoch < 0 || token.Generation < 0 {
@@ -259,8 +261,8 @@ func (g *Gate) checkAfter(ctx context.Context, ex execer, resource string, token
 	return g.refused(ctx, ex, resource, token)
 }
 
-// accepted runs a check and reads its answer: the query's boolean (PostgreSQL) or one
-// affected row.
+// accepted runs a check and reads its answer: the query's boolean (PostgreSQL), the insert id
+// (MySQL) or one affected row (SQLite).
 func (g *Gate) accepted(ctx context.Context, ex execer, query string, args []any) (bool, error) {
 	if g.q.answers {
 		var ok bool
@@ -270,6 +272,10 @@ func (g *Gate) accepted(ctx context.Context, ex execer, query string, args []any
 	res, err := ex.ExecContext(ctx, query, args...)
 	if err != nil {
 		return false, err
+	}
+	if g.q.byInsertID {
+		id, err := res.LastInsertId()
+		return id == 1, err
 	}
 	n, err := res.RowsAffected()
 	return n == 1, err
@@ -282,8 +288,8 @@ func (g *Gate) accepted(ctx context.Context, ex execer, query string, args []any
 // write must then be one INSERT, UPDATE or DELETE without a WITH clause of its own or a
 // trailing semicolon, its parameters $1 to $n (the gate's follow). On MySQL with
 // Config.MySQLMultiStatements, write and then the check go as one batch, in one round trip, and
-// the batch's affected-row count (go-sql-driver reports the last statement's) says whether the
-// check accepted; write must then be one statement without a trailing semicolon. Otherwise
+// the batch's result (go-sql-driver reports the last statement's) says whether the check
+// accepted; write must then be one statement without a trailing semicolon. Otherwise
 // (SQLite, MySQL by default) Exec is Check, then write: two statements, two round trips.
 //
 // A refusal is *destination.StaleError (or ErrUnknownResource) as from Check, but the write

@@ -20,9 +20,14 @@ import (
 //     SQLite counts as changed but does not write (the b-tree compares the record and leaves an
 //     identical one alone), so an equal check dirties no page and its commit writes nothing.
 //     The UPDATE takes the database's write lock all the same, as any write statement does.
-//   - MySQL/MariaDB report only changed rows as affected (without CLIENT_FOUND_ROWS, which the
-//     gate cannot require of the caller's DSN), so the check counts every accepted check in a
-//     column of its own to make an equal token change the row.
+//   - MySQL/MariaDB: the UPDATE sets the values the row already has when the token is equal,
+//     which InnoDB leaves alone (no undo or redo record) while it keeps the row's exclusive
+//     lock. MySQL then reports the row as not affected (the gate cannot require the
+//     CLIENT_FOUND_ROWS flag of the caller's DSN), so the statement reports its decision in
+//     the OK packet's insert id instead: the WHERE clause evaluates the comparison as
+//     LAST_INSERT_ID(comparison), which sets the id to 1 or 0 on the row it locked. When no
+//     row was found the function did not run and the server reports 0, whatever an earlier
+//     statement set. The side effect: LAST_INSERT_ID() in the session then says 1 or 0.
 func statements(d Dialect, table string) (queries, error) {
 	notOlder := "(epoch < %[1]s OR (epoch = %[1]s AND generation <= %[2]s))"
 	newer := "(epoch < %[1]s OR (epoch = %[1]s AND generation < %[2]s))"
@@ -65,12 +70,12 @@ func statements(d Dialect, table string) (queries, error) {
 			create: `CREATE TABLE IF NOT EXISTS ` + table + ` (
 				resource   VARBINARY(255) NOT NULL PRIMARY KEY,
 				epoch      BIGINT NOT NULL DEFAULT 0 CHECK (epoch >= 0),
-				generation BIGINT NOT NULL DEFAULT 0 CHECK (generation >= 0),
-				checks     BIGINT NOT NULL DEFAULT 0) ENGINE=InnoDB`,
+				generation BIGINT NOT NULL DEFAULT 0 CHECK (generation >= 0)) ENGINE=InnoDB`,
 			add: `INSERT INTO ` + table + ` (resource) VALUES (?) ON DUPLICATE KEY UPDATE resource = resource`,
 			// MySQL assigns left to right, so the condition is in WHERE, evaluated first.
-			check: `UPDATE ` + table + ` SET epoch = ?, generation = ?, checks = checks + 1 WHERE resource = ? AND ` + fmt.Sprintf(notOlder, "?", "?"),
-			mark:  `SELECT epoch, generation FROM ` + table + ` WHERE resource = ?`,
+			check:      `UPDATE ` + table + ` SET epoch = ?, generation = ? WHERE resource = ? AND LAST_INSERT_ID` + fmt.Sprintf(notOlder, "?", "?"),
+			byInsertID: true,
+			mark:       `SELECT epoch, generation FROM ` + table + ` WHERE resource = ?`,
 			checkArgs: func(r string, t fenced.Token) []any {
 				return []any{t.Epoch, t.Generation, r, t.Epoch, t.Epoch, t.Generation}
 			},
