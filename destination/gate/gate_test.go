@@ -283,10 +283,16 @@ func TestEqualCheckWritesNothing(t *testing.T) {
 // one (which wrote the mark's row on an equal token) in the same rounds, beside the raw
 // transaction. Run with: go test -run '^$' -bench 'GateEarlier/.*/earlier' -benchtime 2s -count 3 ./destination/gate/
 func BenchmarkGateEarlier(b *testing.B) {
-	b.Run("db=sqlite", func(b *testing.B) {
-		gatetest.BenchAgainst(b, gatetest.Engine{Dialect: gate.SQLite, Open: openSQLite}, gate.Legacy)
-	})
-	b.Run("db=postgres", func(b *testing.B) {
-		gatetest.BenchAgainst(b, gatetest.Engine{Dialect: gate.Postgres, Open: openPostgres}, gate.Legacy)
-	})
+	for _, d := range []gate.Dialect{gate.SQLite, gate.Postgres} {
+		open := map[gate.Dialect]func(testing.TB) *sql.DB{gate.SQLite: openSQLite, gate.Postgres: openPostgres}[d]
+		b.Run("db="+d.String(), func(b *testing.B) {
+			gatetest.BenchAgainst(b, gatetest.Engine{Dialect: d, Open: open}, func(ctx context.Context, s *gatetest.Service) (gatetest.Checker, error) {
+				g, err := gate.New(s.DB, d, nil) // the same table, the earlier statement
+				if err != nil {
+					return nil, err
+				}
+				return g, gate.Legacy(ctx, g)
+			})
+		})
+	}
 }

@@ -578,10 +578,16 @@ func RaiseWaitsForTheCheck(ctx context.Context, s *Service, shared bool, interva
 // same run. Compare with benchstat -col /impl.
 func Bench(b *testing.B, e Engine) { BenchAgainst(b, e, nil) }
 
-// BenchAgainst is Bench, and when earlier is not nil also "earlier": the same rounds with a
-// second gate that earlier has given the check of a former version (gate.Legacy in the gate's
+// Checker is what the benchmark runs of a gate: *gate.Gate, or the check of a former version.
+type Checker interface {
+	Check(ctx context.Context, tx *sql.Tx, resource string, token fenced.Token) error
+	Exec(ctx context.Context, tx *sql.Tx, resource string, token fenced.Token, write string, args ...any) error
+}
+
+// BenchAgainst is Bench, and when earlier is not nil also "earlier": the same rounds with the
+// check of a former version that earlier returns for the service (gate.Legacy in the gate's
 // tests), so that the two are compared in one process on one database.
-func BenchAgainst(b *testing.B, e Engine, earlier func(context.Context, *gate.Gate) error) {
+func BenchAgainst(b *testing.B, e Engine, earlier func(context.Context, *Service) (Checker, error)) {
 	ctx := context.Background()
 	s := NewService(b, e)
 	if err := s.Gate.Add(ctx, res); err != nil {
@@ -609,7 +615,7 @@ func BenchAgainst(b *testing.B, e Engine, earlier func(context.Context, *gate.Ga
 			b.Fatal(err)
 		}
 	}
-	checkedBy := func(g *gate.Gate) func(b *testing.B) {
+	checkedBy := func(g Checker) func(b *testing.B) {
 		return func(b *testing.B) {
 			tx, err := s.DB.BeginTx(ctx, nil)
 			if err != nil {
@@ -626,7 +632,7 @@ func BenchAgainst(b *testing.B, e Engine, earlier func(context.Context, *gate.Ga
 			}
 		}
 	}
-	execBy := func(g *gate.Gate) func(b *testing.B) { // Exec: on PostgreSQL the check and the write in one statement
+	execBy := func(g Checker) func(b *testing.B) { // Exec: on PostgreSQL the check and the write in one statement
 		return func(b *testing.B) {
 			tx, err := s.DB.BeginTx(ctx, nil)
 			if err != nil {
@@ -686,13 +692,10 @@ func BenchAgainst(b *testing.B, e Engine, earlier func(context.Context, *gate.Ga
 	if earlier == nil {
 		return
 	}
-	// Against the earlier check: a second gate on the same table with the earlier statement,
-	// its transactions alternating with the current one's in the same rounds.
-	old, err := gate.New(s.DB, e.Dialect, e.Config)
+	// Against the earlier check, its transactions alternating with the current one's in the
+	// same rounds.
+	old, err := earlier(ctx, s)
 	if err != nil {
-		b.Fatal(err)
-	}
-	if err := earlier(ctx, old); err != nil {
 		b.Fatal(err)
 	}
 	oldGated, oldExecd := checkedBy(old), execBy(old)
