@@ -124,24 +124,16 @@ func TestGateCheckIsPrepared(t *testing.T) {
 	if err := s.Gate.Add(ctx, res); err != nil {
 		t.Fatal(err)
 	}
-	status := func(tx *sql.Tx, name string) int64 {
-		var n string
-		var v int64
-		if err := tx.QueryRowContext(ctx, "SHOW SESSION STATUS LIKE '"+name+"'").Scan(&n, &v); err != nil {
-			t.Fatal(err)
-		}
-		return v
-	}
 	for i := range 3 { // the first check on a connection prepares there, the next ones reuse
 		tx, err := s.DB.BeginTx(ctx, nil)
 		if err != nil {
 			t.Fatal(err)
 		}
-		exec := status(tx, "Com_stmt_execute")
+		exec := sessionStatus(t, tx, "Com_stmt_execute")
 		if err := s.Gate.Check(ctx, tx, res, gatetest.Tok(1, int64(i+1))); err != nil {
 			t.Fatal(err)
 		}
-		if d := status(tx, "Com_stmt_execute") - exec; d != 1 {
+		if d := sessionStatus(t, tx, "Com_stmt_execute") - exec; d != 1 {
 			t.Errorf("check %d: %d prepared statements executed, want 1: the check was sent as text", i, d)
 		}
 		if err := tx.Commit(); err != nil {
