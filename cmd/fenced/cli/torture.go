@@ -52,6 +52,7 @@ type tortureOptions struct {
 	restoreCmd         string // the restore fault's command for etcd: the snapshot put back, the members started
 	mutant             string // a planted bug in the workers' driver (tests only)
 	partitionDev       string // the partition fault's network interface
+	workerNetns        int    // worker slots each in a network namespace of its own (isolate.go)
 }
 
 func (a *app) tortureCmd() *cobra.Command {
@@ -99,6 +100,11 @@ Faults (--faults, comma-separated; default: every one that applies to the databa
               connections (nothing passes for longer than any TTL, then everything held goes
               through late: loss as TCP sees it) or reset about half of them; every backend
               with a host:port (not SQLite)
+  isolate     cut one worker (now and then a minority) off from the database for 1-3s, the
+              moment it starts a build holding a lease, then heal it: its requests arrive
+              late, after another worker took the lease over; needs --worker-netns N (those
+              workers in network namespaces of their own, the server reached from here
+              through a veth pair or a bridge; see docs/TORTURE.md)
   bump        fenced epoch bump while the workers run (every lease of the store is freed)
   restore     copy the torture's rows and the epoch with the workers held at a barrier, let them
               go on 2-4s, hold them again, restore the copy and bump the epoch (SQLite,
@@ -150,6 +156,7 @@ Exit code 7: violations found.`,
 	f.StringVar(&o.restartCmd, "restart-cmd", "", "shell command that restarts (or crashes and starts) the database server, for the restart fault; torture then waits for its port")
 	f.StringVar(&o.restoreCmd, "restore-cmd", "", "etcd only: shell command that stops the members, restores the snapshot file $FENCED_SNAPSHOT into fresh data directories and starts them, for the restore fault")
 	f.StringVar(&o.partitionDev, "partition-dev", "", "network interface the partition fault sets down and up, and the loss fault drops frames on: the host side of a veth pair to the database server's network namespace (etcd: the clients' member's link to its peers)")
+	f.IntVar(&o.workerNetns, "worker-netns", 0, "run the first N worker slots each in a network namespace of its own, reached through a veth pair and routed to the database server's namespace, so that the isolate fault can cut one off (0: none; needs root)")
 	f.StringVar(&o.mutant, "mutant", "", "a planted bug in the workers' driver, for the tests: "+mutantRenewAfterExpiry+", "+mutantBusyAfterExpiry)
 	_ = f.MarkHidden("mutant")
 	f.BoolVar(&o.restoreWithoutBump, "restore-without-bump", false, "the restore fault's control: restore the copy without bumping the epoch (violations expected)")
@@ -158,8 +165,11 @@ Exit code 7: violations found.`,
 
 // faultPlan says which faults apply to a database, and why the others do not. restartErr is
 // why the database's server cannot be restarted from here (nil when it can).
-func faultPlan(scheme string, restartErr, restoreErr, partitionErr, lossErr, delayErr error, ownStore, explicit bool, requested []string) (use []string, notApplicable map[string]string) {
+func faultPlan(scheme string, restartErr, restoreErr, partitionErr, lossErr, delayErr error, ownStore, explicit bool, requested []string, isolateErr error) (use []string, notApplicable map[string]string) {
 	why := map[string]string{}
+	if isolateErr != nil {
+		why[torture.FaultIsolate] = isolateErr.Error()
+	}
 	if delayErr != nil {
 		why[torture.FaultDelay] = delayErr.Error()
 	}
@@ -365,7 +375,18 @@ func (a *app) torture(cmd *cobra.Command, o tortureOptions) error {
 			return usagef("invalid --restore-cmd: %v", err)
 		}
 	}
-	faults, notApplicable := faultPlan(scheme, restartErr, restoreApplies(scheme, o.restoreCmd), partitionErr, lossApplies(partitionErr), delayApplies(scheme, url), ownStore, explicit, requested)
+	isolateErr, delayErr := errors.New("needs --worker-netns N: workers in network namespaces of their own, the database server reached through a veth pair"), delayApplies(scheme, url)
+	var serverLinks []string
+	if o.workerNetns != 0 {
+		if serverLinks, err = workerNetnsApplies(o.workerNetns, o.workers, scheme, url, o.gate, o.azure.url); err != nil {
+			return err
+		}
+		isolateErr = nil
+		if delayErr == nil {
+			delayErr = errors.New("not applicable with --worker-netns: the proxies listen on this host's loopback, which a worker in a namespace of its own cannot reach")
+		}
+	}
+	faults, notApplicable := faultPlan(scheme, restartErr, restoreApplies(scheme, o.restoreCmd), partitionErr, lossApplies(partitionErr), delayErr, ownStore, explicit, requested, isolateErr)
 	if explicit {
 		// A fault named in --faults that cannot be injected here is refused, by name.
 		for _, f := range requested {
@@ -478,7 +499,20 @@ func (a *app) torture(cmd *cobra.Command, o tortureOptions) error {
 		}()
 		fmt.Fprintln(a.stdout, proxyNote(proxies))
 	}
-	t := &tortureRun{a: a, o: o, exe: exe, url: url, workerURL: workerURL, proxies: proxies, clockFile: clockFile, hist: hist, resources: resources,
+	var nets *workerNets
+	if o.workerNetns > 0 {
+		if nets, err = newWorkerNets(ctx, o.workerNetns, serverLinks); err != nil {
+			return fmt.Errorf("create the workers' network namespaces: %w", err)
+		}
+		defer func() {
+			if err := nets.close(); err != nil {
+				fmt.Fprintf(a.stdout, "removing the workers' network namespaces: %v\n", err)
+			}
+		}()
+		fmt.Fprintf(a.stdout, "worker slots 1 to %d each in a network namespace of its own (%s …), on %s.0/24, routed to the server through %s\n",
+			o.workerNetns, nets.ns(0), nets.subnet, orNone(strings.Join(serverLinks, ", ")))
+	}
+	t := &tortureRun{nets: nets, a: a, o: o, exe: exe, url: url, workerURL: workerURL, proxies: proxies, clockFile: clockFile, hist: hist, resources: resources,
 		faults: faults, procs: make([]*tortureProc, o.workers), restart: restart, copier: copier,
 		barrierPath: filepath.Join(dir, "barrier")}
 	if contains(faults, torture.FaultRestore) {
@@ -583,6 +617,7 @@ type tortureRun struct {
 	barrier     *torture.Barrier // the nemesis's own open file description of it
 	partitions  int              // partition faults so far (etcd: the cut member's role alternates)
 	restarts    int              // restart faults so far (etcd: the crashed member's role alternates)
+	nets        *workerNets      // --worker-netns, or nil
 }
 
 // tortureProc is one worker process seen from the parent.
@@ -780,7 +815,7 @@ func (t *tortureRun) startWorker(ctx context.Context, slot, incarnation int, rem
 		args = append(args, "--clock-file", t.clockFile)
 	}
 	// The URL goes through the environment, not the command line, where ps would show a password.
-	cmd := exec.Command(t.exe, args...)
+	cmd := t.nets.command(slot, t.exe, args)
 	cmd.Env = append(os.Environ(), "FENCED_DB="+t.workerURL)
 	cmd.SysProcAttr = workerProcAttr()
 	stderr, err := os.Create(filepath.Join(t.hist, name+".stderr"))
@@ -887,6 +922,8 @@ func (t *tortureRun) inject(ctx context.Context, f torture.Fault) {
 		t.partition(ctx, f)
 	case torture.FaultLoss:
 		t.loss(ctx, f)
+	case torture.FaultIsolate:
+		t.isolate(ctx, f)
 	case torture.FaultRestore:
 		t.restoreFault(ctx, f)
 	case torture.FaultDelay:

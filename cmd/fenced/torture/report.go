@@ -43,7 +43,7 @@ func (r *Report) FaultCounts() map[string]int {
 			} else {
 				n[e.Event]++
 			}
-		case FaultPause, FaultKill, FaultRestart, FaultClock, FaultBump, FaultPartition, FaultLoss, FaultDelay:
+		case FaultPause, FaultKill, FaultRestart, FaultClock, FaultBump, FaultPartition, FaultLoss, FaultDelay, FaultIsolate:
 			n[e.Event]++
 		case FaultRowLock:
 			if e.Owner != "" { // held across a lease's expiry
@@ -57,6 +57,30 @@ func (r *Report) FaultCounts() map[string]int {
 		}
 	}
 	return n
+}
+
+// IsolatedDelayed lists, by operation and outcome, the requests that an isolated worker sent
+// while it was cut off and that were answered after the heal, or never: the delayed requests
+// the isolate fault is for ("publish refused 2, renew unknown 1"). Fenced, a publication
+// among them is refused, or accepted only when nobody took the lease over meanwhile.
+func (r *Report) IsolatedDelayed() string {
+	n := map[string]int{}
+	for _, e := range r.History.Events {
+		if e.Event != FaultIsolate {
+			continue
+		}
+		for _, op := range r.History.Ops {
+			if op.Proc == e.Proc && op.Call >= e.Time && op.Call < e.EndTime && (op.Return == 0 || op.Return >= e.EndTime) {
+				n[op.Kind+" "+op.Out]++
+			}
+		}
+	}
+	parts := make([]string, 0, len(n))
+	for k, c := range n {
+		parts = append(parts, fmt.Sprintf("%s %d", k, c))
+	}
+	sort.Strings(parts)
+	return strings.Join(parts, ", ")
 }
 
 // killsDuringCall counts kills that landed while the killed worker had an operation in flight.
@@ -95,6 +119,9 @@ func (r *Report) WriteText(w io.Writer) {
 		parts = append(parts, s)
 	}
 	fmt.Fprintf(w, "faults injected: %s\n", orNone(strings.Join(parts, ", ")))
+	if contains(run.Faults, FaultIsolate) {
+		fmt.Fprintf(w, "  isolate: requests of a cut-off worker sent while cut off and answered after the heal: %s\n", orNone(r.IsolatedDelayed()))
+	}
 	for _, f := range AllFaults {
 		if why, ok := run.NotApplicable[f]; ok {
 			fmt.Fprintf(w, "  %s: not injected: %s\n", f, why)
@@ -338,7 +365,7 @@ func (r *Report) timeline(b *strings.Builder, resource string, involved map[int]
 	for _, p := range procs {
 		fmt.Fprintf(b, `<text x="4" y="%.0f">%s</text>`+"\n", y(lanes[p])+15, esc(p))
 	}
-	// Faults: restarts, clock jumps, copies, restores, bumps, partitions, losses and delays span every lane; pauses and kills sit on their worker's.
+	// Faults: restarts, clock jumps, copies, restores, bumps, partitions, losses and delays span every lane; pauses, kills and isolations sit on their worker's.
 	for _, e := range h.Events {
 		switch e.Event {
 		case FaultRestart:
@@ -370,6 +397,11 @@ func (r *Report) timeline(b *strings.Builder, resource string, involved map[int]
 			if l, ok := lanes[e.Proc]; ok {
 				fmt.Fprintf(b, `<rect x="%.1f" y="%.0f" width="%.1f" height="%.0f" fill="rgba(220,0,0,.25)"><title>%s paused %.3fs → %.3fs</title></rect>`+"\n",
 					x(e.Time), y(l), x(e.EndTime)-x(e.Time), laneH, esc(e.Proc), h.Seconds(e.Time), h.Seconds(e.EndTime))
+			}
+		case FaultIsolate:
+			if l, ok := lanes[e.Proc]; ok {
+				fmt.Fprintf(b, `<rect x="%.1f" y="%.0f" width="%.1f" height="%.0f" fill="rgba(90,90,90,.3)"><title>%s isolated %.3fs → %.3fs: %s</title></rect><text x="%.1f" y="%.0f" fill="#555" font-size="9">isolated</text>`+"\n",
+					x(e.Time), y(l), max(x(e.EndTime)-x(e.Time), 2), laneH, esc(e.Proc), h.Seconds(e.Time), h.Seconds(e.EndTime), esc(e.Detail), x(e.Time)+2, y(l)+laneH-3)
 			}
 		case FaultKill:
 			if l, ok := lanes[e.Proc]; ok {

@@ -34,6 +34,11 @@ const (
 	// database server, and makes it delay bytes with jitter, stall connections for longer
 	// than a TTL, or reset them: delays and loss without tc netem.
 	FaultDelay = "delay"
+	// FaultIsolate cuts one worker, or a minority of them, off from the database server for
+	// longer than any TTL, then heals the link: each worker it can cut runs in a network
+	// namespace of its own, and the host side of its veth pair is set down, while the other
+	// workers keep working.
+	FaultIsolate = "isolate"
 )
 
 // The delay fault's modes.
@@ -44,7 +49,7 @@ const (
 )
 
 // AllFaults is every fault kind, in the order the help lists them.
-var AllFaults = []string{FaultPause, FaultKill, FaultDropReply, FaultRestart, FaultClock, FaultRowLock, FaultBump, FaultRestore, FaultPartition, FaultLoss, FaultDelay}
+var AllFaults = []string{FaultPause, FaultKill, FaultDropReply, FaultRestart, FaultClock, FaultRowLock, FaultBump, FaultRestore, FaultPartition, FaultLoss, FaultDelay, FaultIsolate}
 
 // The workers' part of the schedule.
 const (
@@ -90,6 +95,7 @@ type Fault struct {
 	Latency  time.Duration // delay (latency): the base latency of every byte, each way
 	Jitter   time.Duration // delay (latency): ± this, drawn per chunk
 	LossPct  int           // loss: the percentage of packets dropped, each way
+	Count    int           // isolate: how many workers are cut off, from Slot on
 }
 
 func (f Fault) String() string {
@@ -112,6 +118,8 @@ func (f Fault) String() string {
 		return fmt.Sprintf("%6.2fs bump the epoch", f.At.Seconds())
 	case FaultPartition:
 		return fmt.Sprintf("%6.2fs cut the network to the server for %s", f.At.Seconds(), f.For)
+	case FaultIsolate:
+		return fmt.Sprintf("%6.2fs cut %d worker(s) from slot %d off from the server for %s", f.At.Seconds(), f.Count, f.Slot, f.For)
 	case FaultLoss:
 		return fmt.Sprintf("%6.2fs drop %d%% of the packets to and from the server for %s", f.At.Seconds(), f.LossPct, f.For)
 	case FaultDelay:
@@ -134,7 +142,7 @@ func (f Fault) String() string {
 func Plan(seed uint64, duration time.Duration, workers int, faults []string) []Fault {
 	rng := rand.New(rand.NewPCG(seed, 0x6e656d65736973))
 	var kinds, first []string
-	weights := map[string]int{FaultPause: 4, FaultKill: 3, FaultClock: 2, FaultRestart: 1, FaultRowLock: 2, FaultBump: 1, FaultRestore: 2, FaultPartition: 2, FaultLoss: 2, FaultDelay: 3}
+	weights := map[string]int{FaultPause: 4, FaultKill: 3, FaultClock: 2, FaultRestart: 1, FaultRowLock: 2, FaultBump: 1, FaultRestore: 2, FaultPartition: 2, FaultLoss: 2, FaultDelay: 3, FaultIsolate: 3}
 	for _, f := range faults {
 		for range weights[f] {
 			kinds = append(kinds, f)
@@ -189,6 +197,15 @@ func Plan(seed uint64, duration time.Duration, workers int, faults []string) []F
 			// Longer than the longest TTL: leases expire on the server while their holders
 			// cannot reach it.
 			f.For = TTLMax + 200*time.Millisecond + time.Duration(rng.Int64N(int64(2*time.Second)))
+			busy = f.For
+		case FaultIsolate:
+			// Longer than the longest TTL, as a partition; one worker, or now and then a
+			// minority of them, so that the others take over the leases it holds.
+			f.For = TTLMax + 200*time.Millisecond + time.Duration(rng.Int64N(int64(2*time.Second)))
+			f.Count = 1
+			if minority := (workers - 1) / 2; minority > 1 && rng.Float64() < 0.3 {
+				f.Count = 1 + rng.IntN(minority)
+			}
 			busy = f.For
 		case FaultLoss:
 			// From a nuisance to most packets: TCP's retransmissions (200 ms, then doubling)
