@@ -51,6 +51,7 @@ type tortureOptions struct {
 	restartCmd         string // the restart fault's command, for servers torture cannot restart itself
 	restoreCmd         string // the restore fault's command for etcd: the snapshot put back, the members started
 	mutant             string // a planted bug in the workers' driver (tests only)
+	shortBuilds        bool   // no build outlasts its lease: the stale writes left are the faults' (controls only)
 	partitionDev       string // the partition fault's network interface
 	workerNetns        int    // worker slots each in a network namespace of its own (isolate.go)
 }
@@ -159,6 +160,8 @@ Exit code 7: violations found.`,
 	f.IntVar(&o.workerNetns, "worker-netns", 0, "run the first N worker slots each in a network namespace of its own, reached through a veth pair and routed to the database server's namespace, so that the isolate fault can cut one off (0: none; needs root)")
 	f.StringVar(&o.mutant, "mutant", "", "a planted bug in the workers' driver, for the tests: "+mutantRenewAfterExpiry+", "+mutantBusyAfterExpiry)
 	_ = f.MarkHidden("mutant")
+	f.BoolVar(&o.shortBuilds, "short-builds", false, "keep every build short, so that only the faults hold a write past its lease (for the controls)")
+	_ = f.MarkHidden("short-builds")
 	f.BoolVar(&o.restoreWithoutBump, "restore-without-bump", false, "the restore fault's control: restore the copy without bumping the epoch (violations expected)")
 	return cmd
 }
@@ -805,6 +808,9 @@ func (t *tortureRun) startWorker(ctx context.Context, slot, incarnation int, rem
 	if t.o.mutant != "" {
 		args = append(args, "--mutant", t.o.mutant)
 	}
+	if t.o.shortBuilds {
+		args = append(args, "--short-builds")
+	}
 	if t.storeURL != "" {
 		args = append(args, "--artifact-store", t.storeURL)
 	}
@@ -1039,6 +1045,7 @@ func (a *app) tortureWorkerCmd() *cobra.Command {
 	f.StringVar(&barrier, "barrier", "", "barrier file, held shared by each request")
 	f.StringVar(&storeURL, "artifact-store", "", "publish through artifacts in this store")
 	f.StringVar(&mutant, "mutant", "", "a planted bug (tests only)")
+	f.BoolVar(&cfg.ShortBuilds, "short-builds", false, "keep every build within 3% of the lease's TTL")
 	f.BoolVar(&noClock, "no-engine-clock", false, "leave the engine's clock out of the history")
 	return cmd
 }

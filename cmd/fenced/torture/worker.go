@@ -36,6 +36,9 @@ type WorkerConfig struct {
 	Barrier *Barrier
 	// RenewAlways renews every lease halfway through its build (a mutant test's schedule).
 	RenewAlways bool
+	// ShortBuilds keeps every build within 3 % of the lease's TTL: no slow build outlives its
+	// lease, so that in a control's history the stale writes are those the faults delayed.
+	ShortBuilds bool
 }
 
 // errDroppedReply is what the drop-reply fault returns in place of the reply it discarded.
@@ -83,6 +86,7 @@ func RunWorker(ctx context.Context, cfg WorkerConfig, drv driver.Driver, rec *Re
 		// writes the fence is for); the nemesis aims its pauses here.
 		build := time.Duration(float64(ttl) * 0.03 * rng.Float64())
 		switch x := rng.Float64(); {
+		case cfg.ShortBuilds:
 		case x < 0.06:
 			build = time.Duration(float64(ttl) * (1.1 + 0.5*rng.Float64()))
 		case x < 0.16:
