@@ -90,7 +90,7 @@ func netnsPostgres(t *testing.T) (url, dev string) {
 	if err := hba.Close(); err != nil {
 		t.Fatal(err)
 	}
-	p.startWith("-c shared_buffers=16MB -c max_connections=80")
+	p.startWith("-c shared_buffers=16MB -c max_connections=200")
 	return p.URL(), l.dev
 }
 
