@@ -115,8 +115,13 @@ func TestTortureEveryBackend(t *testing.T) {
 				if code != 7 {
 					t.Errorf("%s unfenced under partition and loss: exit %d, want 7\n%s", b.name, code, out)
 				}
+				stale := violationCount(out)
 				code, out = run(min(d, 30*time.Second), "--unfenced", "--short-builds", "--faults", "drop-reply")
 				line += " | the same without partition and loss: " + summary(out, code)
+				if base := violationCount(out); stale <= base {
+					t.Errorf("%s: the unfenced run under partition and loss found %d violations, the same without them %d: the network faults let no more stale writes through",
+						b.name, stale, base)
+				}
 			case b.name == "sqlite":
 				line += " | partition, loss: not applicable (embedded)"
 			default:
@@ -223,6 +228,16 @@ func summary(out string, code int) string {
 	}
 	return fmt.Sprintf("%s ops checked, faults %s, %s, checker %s (exit %d)",
 		find(`operations: (\d+) checked`), find(`faults injected: (.*)`), violations, find(`checker: (\S+)`), code)
+}
+
+// violationCount is the number of violations a run's report found.
+func violationCount(out string) int {
+	m := regexp.MustCompile(`RESULT: (\d+) violations found`).FindStringSubmatch(out)
+	if m == nil {
+		return 0
+	}
+	n, _ := strconv.Atoi(m[1])
+	return n
 }
 
 // ownRedis starts a redis-server of the test's own (appendonly yes, appendfsync always, on a free
