@@ -15,7 +15,18 @@ import (
 // with a bitset of the whole history, cloned, hashed and compared at every step (O(n/64) per
 // step, O(n²/64) time and memory per resource), where this search keys it with two 64-bit
 // Zobrist hashes of the linearized set, updated in O(1) per step, combined with two hashes of
-// the state set.
+// the state.
+//
+// The model is nondeterministic (an outcome left unknown may or may not have taken effect).
+// Porcupine, and this search until issue 13, followed the set of states the resource may be in
+// (a powerset construction); this search follows one state and backtracks over the outcomes
+// as over the orders. The sets were the slow part of proving a history illegal: after a burst
+// of unanswered acquisitions, the set depends on where among them each acquisition that a
+// later read names was ordered (its owner may hold any generation reached by then), so every
+// placement made a new memo entry, O(k^(m+1)) of them for k acquisitions and m named ones,
+// and 300 of them with three named ran past the timeout. With one state, an entry is (state,
+// acquisitions ordered taking effect, other operations ordered), and the same history is
+// decided in a fraction of a second either way (TestTwinsWithNamedUnknownsDecide).
 //
 // Why a hashed memo cannot hide a violation: the memo only prunes. A passing verdict is a
 // complete linearization that was found, step by step, with the model; it holds whatever the
@@ -56,77 +67,13 @@ type searchResult struct {
 	culprit int
 	depth   int // longest partial linearization, in operations
 	order   []int
-	states  int // the most states a set held
 }
 
-// stateSet is one element of the powerset construction: the states the resource may be in,
-// without duplicates, with two order-independent hashes. Past a few states, add finds a
-// duplicate through index (keyed by the state's first hash, every state with that hash
-// compared in full) instead of comparing with every state: a burst of outcomes left unknown
-// (Redis: acquisitions timing out through a restart or a stalled connection, each taking effect
-// or not) makes sets of thousands of states, and a linear scan made each step quadratic in
-// the set's size. It changes nothing in which states the set holds.
-type stateSet struct {
-	states []state
-	h1, h2 uint64
-	index  map[uint64][]int32 // past indexFrom states: positions in states by their seed1 hash
-}
-
-const indexFrom = 16
-
+// seed1 and seed2 hash states for the memo.
 var (
 	seed1 = maphash.MakeSeed()
 	seed2 = maphash.MakeSeed()
 )
-
-func newStateSet(states []state) stateSet {
-	var s stateSet
-	for _, st := range states {
-		s.add(st)
-	}
-	return s
-}
-
-func (s *stateSet) add(st state) {
-	k1 := maphash.Comparable(seed1, st)
-	if s.index == nil {
-		for _, have := range s.states {
-			if have == st {
-				return
-			}
-		}
-		if len(s.states) == indexFrom {
-			s.index = make(map[uint64][]int32, 2*indexFrom)
-			for i, have := range s.states {
-				k := maphash.Comparable(seed1, have)
-				s.index[k] = append(s.index[k], int32(i))
-			}
-		}
-	} else {
-		for _, i := range s.index[k1] {
-			if s.states[i] == st {
-				return
-			}
-		}
-	}
-	if s.index != nil {
-		s.index[k1] = append(s.index[k1], int32(len(s.states)))
-	}
-	s.states = append(s.states, st)
-	s.h1 += k1
-	s.h2 += maphash.Comparable(seed2, st)
-}
-
-// stepSet applies one operation to every state of the set; false when no state allows it.
-func stepSet(s stateSet, in input, out output) (stateSet, bool) {
-	var next stateSet
-	for _, st := range s.states {
-		for _, n := range step(st, in, out) {
-			next.add(n.(state))
-		}
-	}
-	return next, len(next.states) > 0
-}
 
 // event is one call or return in the doubly linked list the search lifts operations out of.
 type event struct {
@@ -227,25 +174,29 @@ func search(ops []porcupine.Operation, init []state, deadline time.Time) searchR
 		id, ok := ownerID[owner]
 		return !ok || left[id] == 0
 	}
-	canonical := func(s stateSet) stateSet {
-		changed := false
-		for _, st := range s.states {
-			if dead(st.Owner) {
-				changed = true
-				break
-			}
+	// Deferrable operations: outcome unknown and open until the end of the history (every
+	// call comes before their return, and every other return but a deferrable one's). Not
+	// taking effect changes nothing, and such an operation can then be ordered last, after
+	// every other, so the search only orders them taking effect, passes over their returns,
+	// and is done once every other operation is ordered. An unknown outcome with a return
+	// before that (a dropped reply) is not deferrable: had it taken effect, it did before its
+	// return (TestDroppedReplyIsNotDeferred). Without this, a burst of them multiplied the
+	// memo's entries by the count ordered not taking effect: (state, count ordered) is O(k²),
+	// (state, count taken) O(k), the generation moving with the count.
+	var maxCall, maxRet int64
+	for _, op := range ops {
+		maxCall = max(maxCall, op.Call)
+		if op.Output.(output).Out != OutUnknown {
+			maxRet = max(maxRet, op.Return)
 		}
-		if !changed {
-			return s
+	}
+	deferrable := make([]bool, n)
+	required := 0
+	for i, op := range ops {
+		deferrable[i] = op.Output.(output).Out == OutUnknown && op.Return >= maxRet && op.Return >= maxCall
+		if !deferrable[i] {
+			required++
 		}
-		var c stateSet
-		for _, st := range s.states {
-			if dead(st.Owner) {
-				st.Owner = unobservable
-			}
-			c.add(st)
-		}
-		return c
 	}
 	// Twins. Operations with the same input and output but for an owner that only they name,
 	// and the same return, have the same effect on the states (their owners become
@@ -258,7 +209,8 @@ func search(ops []porcupine.Operation, init []state, deadline time.Time) searchR
 	// until the end of the history) are ordered in any of their 2^k subsets before each point
 	// the search backtracks to, and the memo, keyed by the set ordered, tells the subsets
 	// apart: one Redis resource (992 operations, 30 such acquisitions, a restart's own bump to
-	// be placed after a publication they overlap) never finished; with it, k+1 sets.
+	// be placed after a publication they overlap) never finished; with it, k+1 sets. With
+	// deferral, the twins taking effect are thus the earliest called: a count.
 	prevTwin := make([]int, n)
 	{
 		initOwner := map[string]bool{}
@@ -299,72 +251,124 @@ func search(ops []porcupine.Operation, init []state, deadline time.Time) searchR
 	var lin1, lin2 uint64
 	type key struct{ a, b uint64 }
 	seen := make(map[key]struct{}, n)
+	// memoKey is the memo's key for st after the operations ordered (l1, l2): Zobrist hashes
+	// of the set, each combined with a hash of the state.
+	memoKey := func(l1, l2 uint64, st state) key {
+		return key{l1 ^ maphash.Comparable(seed1, st), l2 ^ maphash.Comparable(seed2, st)*0x9e3779b97f4a7c15}
+	}
 	type frame struct {
 		e     int
-		state stateSet
+		state state
+		alt   int // which of the operation's outcomes (step's results) was taken
 	}
 	var calls []frame
-	st := newStateSet(init)
 	res := searchResult{verdict: linearizable, culprit: -1}
 	steps := 0
-	cur := ev[0].next
-	for ev[0].next >= 0 {
-		if steps++; steps&0xfff == 0 && time.Now().After(deadline) {
-			res.verdict = timedOut
-			return res
+	for _, st := range init {
+		if dead(st.Owner) {
+			st.Owner = unobservable
 		}
-		e := ev[cur]
-		if !e.ret {
-			if t := prevTwin[e.op]; t >= 0 && !ordered[t] {
-				cur = e.next
+		if _, done := seen[memoKey(0, 0, st)]; done {
+			continue
+		}
+		seen[memoKey(0, 0, st)] = struct{}{}
+		// Two passes over the operations that may go next: first those that must be ordered,
+		// then the deferrable ones taking effect, so that the search tries "not yet" (which
+		// the deferral makes "not at all" if it lasts) before "now" for them. Both passes
+		// offer the same children; only their order changes.
+		cur, from, late := ev[0].next, 0, false
+		for required > 0 {
+			if steps++; steps&0xfff == 0 && time.Now().After(deadline) {
+				res.verdict = timedOut
+				return res
+			}
+			e := ev[cur]
+			if e.ret && deferrable[e.op] {
+				cur, from = e.next, 0 // it may never have taken effect
 				continue
 			}
-			op := ops[e.op]
-			next, ok := stepSet(st, op.Input.(input), op.Output.(output))
-			if ok {
+			if !e.ret {
+				if t := prevTwin[e.op]; deferrable[e.op] != late || (t >= 0 && !ordered[t]) {
+					cur, from = e.next, 0
+					continue
+				}
+				op := ops[e.op]
+				nexts := step(st, op.Input.(input), op.Output.(output))
+				descended := false
 				order(e.op, -1)
-				next = canonical(next)
-				res.states = max(res.states, len(next.states))
-				k := key{lin1 ^ z1[e.op] ^ next.h1, lin2 ^ z2[e.op] ^ next.h2*0x9e3779b97f4a7c15}
-				if _, done := seen[k]; done {
-					order(e.op, 1)
-				} else {
+				for a := from; a < len(nexts); a++ {
+					next := nexts[a].(state)
+					if deferrable[e.op] && next == st {
+						continue // not taking effect: ordered last
+					}
+					if dead(next.Owner) {
+						next.Owner = unobservable
+					}
+					k := memoKey(lin1^z1[e.op], lin2^z2[e.op], next)
+					if _, done := seen[k]; done {
+						continue
+					}
 					seen[k] = struct{}{}
 					lin1, lin2 = lin1^z1[e.op], lin2^z2[e.op]
 					ordered[e.op] = true
-					calls = append(calls, frame{cur, st})
+					if !deferrable[e.op] {
+						required--
+					}
+					calls = append(calls, frame{cur, st, a})
 					st = next
 					lift(cur)
-					cur = ev[0].next
-					continue
+					cur, from, late, descended = ev[0].next, 0, false, true
+					break
 				}
+				if !descended {
+					order(e.op, 1)
+					cur, from = e.next, 0
+				}
+				continue
 			}
-			cur = e.next
-			continue
+			// A return whose call is still in the list: that operation must have taken effect
+			// already, and no choice made so far allows it. Try the deferrable operations
+			// first, then undo the latest choice.
+			if !late {
+				cur, from, late = ev[0].next, 0, true
+				continue
+			}
+			if len(calls) >= res.depth {
+				res.depth, res.culprit = len(calls), e.op
+			}
+			if len(calls) == 0 {
+				break
+			}
+			top := calls[len(calls)-1]
+			calls = calls[:len(calls)-1]
+			cur, st, from = top.e, top.state, top.alt+1
+			op := ev[cur].op
+			late = deferrable[op]
+			lin1, lin2 = lin1^z1[op], lin2^z2[op]
+			ordered[op] = false
+			if !deferrable[op] {
+				required++
+			}
+			order(op, 1)
+			unlift(cur)
 		}
-		// A return whose call is still in the list: that operation must have taken effect
-		// already, and no choice made so far allows it. Undo the latest choice.
-		if len(calls) >= res.depth {
-			res.depth, res.culprit = len(calls), e.op
+		if required == 0 {
+			break
 		}
-		if len(calls) == 0 {
-			res.verdict = illegal
-			return res
-		}
-		top := calls[len(calls)-1]
-		calls = calls[:len(calls)-1]
-		cur, st = top.e, top.state
-		op := ev[cur].op
-		lin1, lin2 = lin1^z1[op], lin2^z2[op]
-		ordered[op] = false
-		order(op, 1)
-		unlift(cur)
-		cur = ev[cur].next
+	}
+	if required > 0 {
+		res.verdict = illegal
+		return res
 	}
 	res.depth = len(calls)
 	res.order = make([]int, len(calls))
 	for i, f := range calls {
 		res.order[i] = ev[f.e].op
+	}
+	for i := range n {
+		if !ordered[i] {
+			res.order = append(res.order, i) // deferrable, not taking effect
+		}
 	}
 	return res
 }
