@@ -140,7 +140,7 @@ func newWorkerNets(ctx context.Context, n int, devs []string) (_ *workerNets, er
 	}
 	defer func() {
 		if err != nil {
-			w.close()
+			err = errors.Join(err, w.close())
 		}
 	}()
 	run := func(args ...string) error {
