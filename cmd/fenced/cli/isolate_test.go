@@ -52,15 +52,7 @@ func leftIn(t *testing.T, pid, dev string) {
 // delayed write. Unfenced (a plain lock), the same schedule shows an accepted stale write.
 func TestTortureIsolate(t *testing.T) {
 	t.Parallel()
-	servers := []struct {
-		name  string
-		start func(t *testing.T) (url, dev string)
-	}{
-		{"postgres", netnsPostgres},
-		{"redis", func(t *testing.T) (string, string) { url, dev, _ := netnsRedis(t); return url, dev }},
-		{"mariadb", netnsMariaDB},
-	}
-	for _, s := range servers {
+	for _, s := range netnsServers {
 		t.Run(s.name, func(t *testing.T) {
 			t.Parallel()
 			nftTool(t)

@@ -69,6 +69,17 @@ logfile %s
 	return "redis://" + addr + "/0", l.dev, restart
 }
 
+// netnsServers are the servers the tests start in network namespaces of their own, each
+// giving its URL and the host's end of its link.
+var netnsServers = []struct {
+	name  string
+	start func(t *testing.T) (url, dev string)
+}{
+	{"redis", func(t *testing.T) (string, string) { url, dev, _ := netnsRedis(t); return url, dev }},
+	{"postgres", netnsPostgres},
+	{"mariadb", netnsMariaDB},
+}
+
 // netnsPostgres starts a PostgreSQL server of the test's own (initdb, then postgres as the
 // postgres user, shared_buffers 16MB) in a network namespace of the test's own, and returns
 // its URL and the host side of the veth to it. It skips (fails under CI=true) without root,
@@ -140,15 +151,7 @@ func nftTool(t *testing.T) {
 // link must be up and the loss rule gone afterwards, and the timeline must show them.
 func TestTorturePartition(t *testing.T) {
 	t.Parallel()
-	servers := []struct {
-		name  string
-		start func(t *testing.T) (url, dev string)
-	}{
-		{"redis", func(t *testing.T) (string, string) { url, dev, _ := netnsRedis(t); return url, dev }},
-		{"postgres", netnsPostgres},
-		{"mariadb", netnsMariaDB},
-	}
-	for _, s := range servers {
+	for _, s := range netnsServers {
 		t.Run(s.name, func(t *testing.T) {
 			t.Parallel()
 			nftTool(t)
