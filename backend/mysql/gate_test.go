@@ -78,12 +78,38 @@ func TestGateCheckWaitsForTheRaise(t *testing.T) {
 }
 
 // TestGateRaiseWaitsForTheCheck: a raise waits for a transaction that checked the mark's own
-// token (InnoDB's exclusive row lock; a second check of that token waits too).
+// token (InnoDB's exclusive row lock; a second check of that token waits too). The mutant
+// that accepts the mark's own token after a plain read, which locks nothing, lets the raise
+// commit while the first check's transaction is open.
 func TestGateRaiseWaitsForTheCheck(t *testing.T) {
 	t.Parallel()
-	if err := gatetest.RaiseWaitsForTheCheck(context.Background(), gatetest.NewService(t, gateEngine), false, innodbTrxInterval, innodbWaiting(t)); err != nil {
+	ctx := context.Background()
+	if err := gatetest.RaiseWaitsForTheCheck(ctx, gatetest.NewService(t, gateEngine), false, innodbTrxInterval, innodbWaiting(t)); err != nil {
 		t.Fatal(err)
 	}
+	t.Run("mutant plain read", func(t *testing.T) {
+		s := gatetest.NewService(t, gateEngine)
+		s.Checker = plainReadCheck{s.Gate}
+		err := gatetest.RaiseWaitsForTheCheck(ctx, s, false, innodbTrxInterval, innodbWaiting(t))
+		if err == nil || !strings.Contains(err.Error(), "while tx1") {
+			t.Fatalf("the plain-read mutant passed: %v", err)
+		}
+	})
+}
+
+// plainReadCheck is the mutant of an equal-token check that reads the mark with a plain SELECT
+// (InnoDB's consistent read, without a lock) and accepts the mark's own token on what it read;
+// other tokens go to the gate.
+type plainReadCheck struct{ *gate.Gate }
+
+func (c plainReadCheck) Check(ctx context.Context, tx *sql.Tx, resource string, t fenced.Token) error {
+	var equal bool
+	err := tx.QueryRowContext(ctx, "SELECT epoch = ? AND generation = ? FROM "+gate.DefaultTable+" WHERE resource = ?",
+		t.Epoch, t.Generation, resource).Scan(&equal)
+	if err == nil && equal {
+		return nil
+	}
+	return c.Gate.Check(ctx, tx, resource, t)
 }
 
 // MariaDB refreshes its INNODB_TRX cache only when it was not read for 100 ms.

@@ -55,7 +55,10 @@ func selectData(d gate.Dialect) string {
 type Service struct {
 	Gate *gate.Gate
 	DB   *sql.DB
-	d    gate.Dialect
+	// Checker, if set, checks the token of RaiseWaitsForTheCheck's first transaction in
+	// place of Gate: a mutation test sets a broken check there to show the schedule catches it.
+	Checker Checker
+	d       gate.Dialect
 }
 
 // NewService opens a database of e, migrates the gate and creates the data table.
@@ -522,7 +525,11 @@ func RaiseWaitsForTheCheck(ctx context.Context, s *Service, shared bool, interva
 		return err
 	}
 	defer func() { _ = tx1.Rollback() }()
-	if err := s.Gate.Check(ctx, tx1, res, b); err != nil {
+	var check Checker = s.Gate
+	if s.Checker != nil {
+		check = s.Checker
+	}
+	if err := check.Check(ctx, tx1, res, b); err != nil {
 		return fmt.Errorf("tx1's check of the mark's own token: %w", err)
 	}
 	if shared {
