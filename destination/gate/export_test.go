@@ -11,10 +11,7 @@ import (
 func Unconditional(g *Gate) {
 	g.stmtMu.Lock()
 	defer g.stmtMu.Unlock()
-	if g.stmt != nil { // prepared with the real check: prepare the mutant instead
-		_ = g.stmt.Close()
-		g.stmt = nil
-	}
+	g.forget()
 	switch g.d {
 	case MySQL:
 		g.q.check = `UPDATE ` + DefaultTable + ` SET epoch = ?, generation = ? WHERE resource = ? AND LAST_INSERT_ID(? IS NOT NULL OR ? IS NOT NULL OR ? IS NOT NULL)`
@@ -32,10 +29,7 @@ func Unconditional(g *Gate) {
 func ShareLock(g *Gate, lock string) {
 	g.stmtMu.Lock()
 	defer g.stmtMu.Unlock()
-	if g.stmt != nil {
-		_ = g.stmt.Close()
-		g.stmt = nil
-	}
+	g.forget()
 	g.q.answer = strings.Replace(g.q.answer, "FOR SHARE", lock, 1)
 	g.q.check = `WITH fenced_raise AS (` + g.q.raise + `) ` + g.q.answer
 }
@@ -45,10 +39,7 @@ func ShareLock(g *Gate, lock string) {
 func ReadOnlyEqual(g *Gate) {
 	g.stmtMu.Lock()
 	defer g.stmtMu.Unlock()
-	if g.stmt != nil {
-		_ = g.stmt.Close()
-		g.stmt = nil
-	}
+	g.forget()
 	g.q.check = `SELECT EXISTS (SELECT 1 FROM ` + DefaultTable + ` WHERE resource = ?1 AND epoch = ?2 AND generation = ?3)`
 	g.q.answers = true
 }
@@ -60,10 +51,7 @@ func ReadOnlyEqual(g *Gate) {
 func Legacy(ctx context.Context, g *Gate) error {
 	g.stmtMu.Lock()
 	defer g.stmtMu.Unlock()
-	if g.stmt != nil {
-		_ = g.stmt.Close()
-		g.stmt = nil
-	}
+	g.forget()
 	switch g.d {
 	case Postgres: // any UPDATE writes a new row version
 		g.q.raise = `UPDATE ` + DefaultTable + ` SET epoch = $2, generation = $3 WHERE resource = $1 AND (epoch < $2 OR (epoch = $2 AND generation <= $3)) RETURNING 1`
@@ -78,3 +66,22 @@ func Legacy(ctx context.Context, g *Gate) error {
 	}
 	return nil
 }
+
+// forget drops what g built from its statements (the prepared check, Exec's statements), so
+// that a mutation takes effect. g.stmtMu is held.
+func (g *Gate) forget() {
+	if g.stmt != nil {
+		_ = g.stmt.Close()
+		g.stmt = nil
+	}
+	g.execs.Clear()
+	g.nExecs.Store(0)
+}
+
+// ExecQuery is Exec's statement on PostgreSQL for write with n arguments, and the number of
+// statements cached.
+func ExecQuery(g *Gate, write string, n int) (string, int) {
+	return g.execQuery(write, n), int(g.nExecs.Load())
+}
+
+const MaxExecs = maxExecs

@@ -25,6 +25,7 @@ import (
 	"regexp"
 	"strings"
 	"sync"
+	"sync/atomic"
 
 	"github.com/fenced-dev/fenced"
 	"github.com/fenced-dev/fenced/destination"
@@ -83,6 +84,20 @@ type Gate struct {
 	// unprepared statement; MySQL's server parses each interpolated query).
 	stmtMu sync.Mutex
 	stmt   *sql.Stmt
+
+	// execs caches Exec's statement on PostgreSQL (execKey → string): renumbering the check's
+	// parameters after the write's took a few microseconds of CPU in every call, more than the
+	// lookup. At most maxExecs entries, so that writes whose text varies do not grow it without
+	// bound (the driver's own statement cache would not keep them either).
+	execs  sync.Map
+	nExecs atomic.Int32
+}
+
+const maxExecs = 256
+
+type execKey struct {
+	write string
+	n     int // the write's arguments
 }
 
 // prepare prepares the check once. It is called only outside a transaction (preparing takes
@@ -311,10 +326,7 @@ func (g *Gate) Exec(ctx context.Context, tx *sql.Tx, resource string, token fenc
 	if token.Epoch < 0 || token.Generation < 0 {
 		return fmt.Errorf("gate: %q: token %s is negative: %w", resource, token, destination.ErrMalformed)
 	}
-	n := len(args)
-	renumber := strings.NewReplacer("$1", fmt.Sprintf("$%d", n+1), "$2", fmt.Sprintf("$%d", n+2), "$3", fmt.Sprintf("$%d", n+3))
-	query := "WITH fenced_write AS (" + write + "), fenced_raise AS (" + renumber.Replace(g.q.raise) + ") " + renumber.Replace(g.q.answer)
-	accepted, err := g.accepted(ctx, tx, query, append(args, g.q.checkArgs(resource, token)...))
+	accepted, err := g.accepted(ctx, tx, g.execQuery(write, len(args)), append(args, g.q.checkArgs(resource, token)...))
 	if err != nil {
 		return fmt.Errorf("gate: check and write %q: %w", resource, err)
 	}
@@ -322,6 +334,23 @@ func (g *Gate) Exec(ctx context.Context, tx *sql.Tx, resource string, token fenc
 		return nil
 	}
 	return g.refused(ctx, tx, resource, token)
+}
+
+// execQuery returns Exec's statement on PostgreSQL for write with n arguments: write as a
+// data-modifying WITH clause beside the check, whose parameters follow write's.
+func (g *Gate) execQuery(write string, n int) string {
+	k := execKey{write, n}
+	if q, ok := g.execs.Load(k); ok {
+		return q.(string)
+	}
+	renumber := strings.NewReplacer("$1", fmt.Sprintf("$%d", n+1), "$2", fmt.Sprintf("$%d", n+2), "$3", fmt.Sprintf("$%d", n+3))
+	query := "WITH fenced_write AS (" + write + "), fenced_raise AS (" + renumber.Replace(g.q.raise) + ") " + renumber.Replace(g.q.answer)
+	if g.nExecs.Load() < maxExecs { // racing stores may pass the bound by the number of goroutines
+		if _, loaded := g.execs.LoadOrStore(k, query); !loaded {
+			g.nExecs.Add(1)
+		}
+	}
+	return query
 }
 
 // refused reads the row of a refused check, only to say why: the statement alone decided,

@@ -296,3 +296,37 @@ func BenchmarkGateEarlier(b *testing.B) {
 		})
 	}
 }
+
+// TestExecQueryCache: Exec's statement on PostgreSQL is built once per write text and number
+// of arguments, with the check's parameters after the write's, and the cache stops growing at
+// its bound when the write's text keeps changing.
+func TestExecQueryCache(t *testing.T) {
+	db, err := sql.Open("pgx", defaultPostgres) // never connected
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	g, err := gate.New(db, gate.Postgres, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	const w = `UPDATE gate_data SET data = $2 WHERE resource = $1`
+	q, n := gate.ExecQuery(g, w, 2)
+	if !strings.HasPrefix(q, "WITH fenced_write AS ("+w+"), fenced_raise AS (") || !strings.Contains(q, "WHERE resource = $3 AND (epoch < $4 OR (epoch = $4 AND generation < $5))") || n != 1 {
+		t.Fatalf("%d cached; the statement for 2 arguments:\n%s", n, q)
+	}
+	if again, _ := gate.ExecQuery(g, w, 2); again != q {
+		t.Fatalf("built again differently:\n%s", again)
+	}
+	if q3, _ := gate.ExecQuery(g, w, 3); !strings.Contains(q3, "resource = $4") {
+		t.Fatalf("the statement for 3 arguments:\n%s", q3)
+	}
+	for i := range 2 * gate.MaxExecs {
+		if _, n = gate.ExecQuery(g, fmt.Sprintf("DELETE FROM gate_data WHERE resource = 'r %d'", i), 0); n > gate.MaxExecs {
+			t.Fatalf("%d statements cached, more than %d", n, gate.MaxExecs)
+		}
+	}
+	if n != gate.MaxExecs {
+		t.Fatalf("%d statements cached, want %d", n, gate.MaxExecs)
+	}
+}
