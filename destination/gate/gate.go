@@ -301,7 +301,8 @@ func (g *Gate) accepted(ctx context.Context, ex execer, query string, args []any
 // two are one statement: write runs as a data-modifying WITH clause beside the check, and the
 // statement answers whether the check accepted, so the check costs no round trip of its own.
 // write must then be one INSERT, UPDATE or DELETE without a WITH clause of its own or a
-// trailing semicolon, its parameters $1 to $n (the gate's follow). On MySQL with
+// trailing semicolon, its parameters $1 to $n (the gate's follow); the combined statement is
+// built once per write text, for up to 256 texts, so write should be a constant. On MySQL with
 // Config.MySQLMultiStatements, write and then the check go as one batch, in one round trip, and
 // the batch's result (go-sql-driver reports the last statement's) says whether the check
 // accepted; write must then be one statement without a trailing semicolon. Otherwise
