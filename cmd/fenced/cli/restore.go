@@ -335,6 +335,36 @@ func (t *tortureRun) nemesisOps(call func(res string) torture.Record, do func() 
 	return err
 }
 
+// holdPastCopy returns with the barrier held once a resource's token (epoch, generation) is
+// past the one in snap, reading the store with the workers held, and letting them go on between
+// reads. It gives up, with the barrier released, when less than two seconds of the run are left
+// (too late for the workers to be handed the restored tokens again).
+func (t *tortureRun) holdPastCopy(ctx context.Context, snap map[string]torture.State) error {
+	for {
+		for _, r := range t.resources {
+			st, err := t.drv.Read(ctx, r)
+			if err != nil {
+				t.barrier.Release()
+				return fmt.Errorf("read %s: %w", r, err)
+			}
+			s := snap[r]
+			if st.CurrentEpoch != s.Epoch || st.Generation > s.Generation {
+				return nil
+			}
+		}
+		t.barrier.Release()
+		if time.Until(t.until) < 2*time.Second {
+			return errors.New("no acquisition went past the copy before the end of the run")
+		}
+		if !wait(ctx, 200*time.Millisecond) {
+			return ctx.Err()
+		}
+		if err := t.barrier.Hold(ctx, 10*time.Second); err != nil {
+			return err
+		}
+	}
+}
+
 // bump is the bump fault, and the bump after a restore: fenced epoch bump, recorded on every
 // resource.
 func (t *tortureRun) bump(ctx context.Context) {
@@ -389,6 +419,14 @@ func (t *tortureRun) restoreFault(ctx context.Context, f torture.Fault) {
 	if err := t.barrier.Hold(ctx, 10*time.Second); err != nil {
 		failed(begin, fmt.Errorf("restore: %w", err))
 		return
+	}
+	if t.o.restoreWithoutBump {
+		// The control must roll acknowledged acquisitions back, or it shows nothing: it
+		// restores only once some resource's token has gone past the copy's.
+		if err := t.holdPastCopy(ctx, snap); err != nil {
+			failed(begin, fmt.Errorf("restore: %w", err))
+			return
+		}
 	}
 	defer t.barrier.Release()
 	restoring := torture.Now()

@@ -111,7 +111,7 @@ Faults (--faults, comma-separated; default: every one that applies to the databa
               go on 2-4s, hold them again, restore the copy and bump the epoch (SQLite,
               PostgreSQL, MariaDB, Redis; etcd: a snapshot of the cluster, put back by
               --restore-cmd); --restore-without-bump leaves the bump out and must report
-              violations
+              violations: it restores once, and only a copy that the workers have gone past
 bump and restore act on the whole store's epoch: they are in the default set only on the
 temporary SQLite file, and must be named in --faults on a store of --db (use a store that
 nothing else uses).
@@ -475,6 +475,9 @@ func (a *app) torture(cmd *cobra.Command, o tortureOptions) error {
 	}
 
 	plan := torture.Plan(o.seed, o.duration, o.workers, faults)
+	if o.restoreWithoutBump {
+		plan = firstRestoreOnly(plan)
+	}
 	where := scheme
 	if !cmd.Flags().Changed("db") && os.Getenv("FENCED_DB") == "" {
 		where = "SQLite in a temporary directory"
@@ -732,6 +735,26 @@ func (t *tortureRun) execute(ctx context.Context, drv driver.Driver, plan []tort
 	}
 	torture.ReadAll(final, drv, reader, t.resources)
 	return nil
+}
+
+// firstRestoreOnly drops every restore of plan but the first: the control's. A later restore
+// would roll the store back to a copy taken after the first, and the leases restored with it
+// (etcd keeps a restored lease alive for its whole TTL again) would keep the workers out for
+// most of what is left of the run, so that the tokens handed out again by the first restore,
+// the evidence the control exists for, might never be.
+func firstRestoreOnly(plan []torture.Fault) []torture.Fault {
+	var out []torture.Fault
+	restored := false
+	for _, f := range plan {
+		if f.Kind == torture.FaultRestore {
+			if restored {
+				continue
+			}
+			restored = true
+		}
+		out = append(out, f)
+	}
+	return out
 }
 
 // wait sleeps for d unless ctx ends first; it reports whether it slept the whole time.
