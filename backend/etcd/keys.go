@@ -201,6 +201,16 @@ func kv(resp *clientv3.TxnResponse, i int) *kvPair {
 	return &kvPair{value: r.Kvs[0].Value, modRevision: r.Kvs[0].ModRevision, lease: r.Kvs[0].Lease}
 }
 
+// deleted returns the key-value that the i-th response of a Txn, a delete of one key with
+// WithPrevKV, deleted, or nil when the key was absent.
+func deleted(resp *clientv3.TxnResponse, i int) *kvPair {
+	r := resp.Responses[i].GetResponseDeleteRange()
+	if r == nil || len(r.PrevKvs) == 0 {
+		return nil
+	}
+	return &kvPair{value: r.PrevKvs[0].Value, modRevision: r.PrevKvs[0].ModRevision, lease: r.PrevKvs[0].Lease}
+}
+
 type kvPair struct {
 	value       []byte
 	modRevision int64
