@@ -15,8 +15,8 @@ import (
 //   - The deciding Txn starts from the last snapshot this driver saw of the resource (cached
 //     after its own acquisitions) instead of a fresh read. The Txn still pins that snapshot
 //     with its compares (gen's mod revision, the epoch, the owner key's absence), so a stale
-//     snapshot only makes the Txn fail, and its Else branch returns the fresh one to retry
-//     from, exactly as after a race today: etcd decides, never the cache.
+//     snapshot only makes the Txn fail, and the acquisition reads a fresh one to retry
+//     from, exactly as after a race: etcd decides, never the cache.
 //   - The etcd lease is granted ahead of need, in the background, and taken from a pool kept
 //     per granted TTL. An etcd lease's TTL runs from its grant (or its last keepalive) and
 //     cannot be changed, and etcd's TTLs are whole seconds, so an acquisition may use a lease
@@ -417,7 +417,7 @@ func (d *Driver) snapshot(resource string) (leaseSnapshot, bool) {
 
 // remember caches what an acquisition of this driver wrote: the gen key at its new revision,
 // and no owner, which is what the next acquisition will want to find (if the lease is still
-// held then, the Txn's owner compare fails and etcd's Else answers).
+// held then, the Txn's owner compare fails and Acquire reads the resource again).
 func (d *Driver) remember(resource string, epoch, gen, revision int64) {
 	a := &d.ahead
 	a.mu.Lock()

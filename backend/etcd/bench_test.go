@@ -105,7 +105,7 @@ func (r raw) publish(ctx context.Context, l driver.LeaseRef, p driver.Publicatio
 }
 
 func (r raw) revoke(ctx context.Context, resp *clientv3.TxnResponse, i int) {
-	if owner := kv(resp, i); owner != nil && owner.lease != 0 {
+	if owner := deleted(resp, i); owner != nil && owner.lease != 0 {
 		_, _ = r.cli.Revoke(ctx, clientv3.LeaseID(owner.lease))
 	}
 }

@@ -74,12 +74,35 @@ const genWidth = 20
 // value starts with the same fixed-width field followed by a space, so it compares below
 // encodeGen(g) exactly when its generation is below g (a longer string with an equal prefix
 // compares greater, so a pub at generation g is not "< g").
-func encodeGen(g int64) string { return fmt.Sprintf("%0*d", genWidth, g) }
+func encodeGen(g int64) string {
+	if g < 0 {
+		return fmt.Sprintf("%0*d", genWidth, g) // not a generation; decodeGen refuses it
+	}
+	var b [genWidth]byte
+	return string(appendGen(b[:0], g))
+}
+
+// appendGen appends encodeGen(g), g >= 0, without fmt: every Txn of an acquisition and a
+// release encodes three of them.
+func appendGen(b []byte, g int64) []byte {
+	var digits [genWidth]byte
+	d := strconv.AppendInt(digits[:0], g, 10)
+	for range genWidth - len(d) {
+		b = append(b, '0')
+	}
+	return append(b, d...)
+}
 
 // encodeToken is the gen key's value: epoch then generation, both fixed width. Bytewise order
 // is (epoch, generation) order, so "acquired in an epoch before e" is
 // Compare(Value(gen), "<", encodeToken(e, 0)).
-func encodeToken(epoch, g int64) string { return encodeGen(epoch) + encodeGen(g) }
+func encodeToken(epoch, g int64) string {
+	if epoch < 0 || g < 0 {
+		return encodeGen(epoch) + encodeGen(g)
+	}
+	var b [2 * genWidth]byte
+	return string(appendGen(appendGen(b[:0], epoch), g))
+}
 
 func decodeToken(b []byte) (epoch, g int64, err error) {
 	if len(b) != 2*genWidth {
@@ -199,6 +222,16 @@ func kv(resp *clientv3.TxnResponse, i int) *kvPair {
 		return nil
 	}
 	return &kvPair{value: r.Kvs[0].Value, modRevision: r.Kvs[0].ModRevision, lease: r.Kvs[0].Lease}
+}
+
+// deleted returns the key-value that the i-th response of a Txn, a delete of one key with
+// WithPrevKV, deleted, or nil when the key was absent.
+func deleted(resp *clientv3.TxnResponse, i int) *kvPair {
+	r := resp.Responses[i].GetResponseDeleteRange()
+	if r == nil || len(r.PrevKvs) == 0 {
+		return nil
+	}
+	return &kvPair{value: r.PrevKvs[0].Value, modRevision: r.PrevKvs[0].ModRevision, lease: r.PrevKvs[0].Lease}
 }
 
 type kvPair struct {
