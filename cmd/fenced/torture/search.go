@@ -103,39 +103,29 @@ func search(ops []porcupine.Operation, init []state, deadline time.Time) searchR
 		}
 		return !stamps[i].ret && stamps[j].ret // at the same instant, calls first: concurrent
 	})
-	ev := make([]event, 2*n+1)
-	ev[0] = event{op: -1, prev: -1, next: 1}
-	callOf := make([]int, n)
-	for k, s := range stamps {
-		e := k + 1
-		ev[e] = event{op: s.op, ret: s.ret, prev: e - 1, next: e + 1}
-		if !s.ret {
-			callOf[s.op] = e
-		} else {
-			ev[callOf[s.op]].match = e
+	// Deferrable operations: outcome unknown and open until the end of the history (every
+	// call comes before their return, and every other return but a deferrable one's). Not
+	// taking effect changes nothing, and such an operation can then be ordered last, after
+	// every other, so the search only orders them taking effect, passes over their returns,
+	// and is done once every other operation is ordered. An unknown outcome with a return
+	// before that (a dropped reply) is not deferrable: had it taken effect, it did before its
+	// return (TestDroppedReplyIsNotDeferred). Without this, a burst of them multiplied the
+	// memo's entries by the count ordered not taking effect: (state, count ordered) is O(k²),
+	// (state, count taken) O(k), the generation moving with the count.
+	var maxCall, maxRet int64
+	for _, op := range ops {
+		maxCall = max(maxCall, op.Call)
+		if op.Output.(output).Out != OutUnknown {
+			maxRet = max(maxRet, op.Return)
 		}
 	}
-	ev[2*n].next = -1
-	if n == 0 {
-		ev[0].next = -1
-	}
-	lift := func(e int) {
-		ev[ev[e].prev].next = ev[e].next
-		ev[ev[e].next].prev = ev[e].prev
-		m := ev[e].match
-		ev[ev[m].prev].next = ev[m].next
-		if ev[m].next >= 0 {
-			ev[ev[m].next].prev = ev[m].prev
+	deferrable := make([]bool, n)
+	required := 0
+	for i, op := range ops {
+		deferrable[i] = op.Output.(output).Out == OutUnknown && op.Return >= maxRet && op.Return >= maxCall
+		if !deferrable[i] {
+			required++
 		}
-	}
-	unlift := func(e int) {
-		m := ev[e].match
-		ev[ev[m].prev].next = m
-		if ev[m].next >= 0 {
-			ev[ev[m].next].prev = m
-		}
-		ev[ev[e].prev].next = e
-		ev[ev[e].next].prev = e
 	}
 	// Zobrist keys: each operation's pair of random words, XORed in while it is linearized.
 	rng := rand.New(rand.NewPCG(uint64(n), 0x5eed))
@@ -173,30 +163,6 @@ func search(ops []porcupine.Operation, init []state, deadline time.Time) searchR
 		}
 		id, ok := ownerID[owner]
 		return !ok || left[id] == 0
-	}
-	// Deferrable operations: outcome unknown and open until the end of the history (every
-	// call comes before their return, and every other return but a deferrable one's). Not
-	// taking effect changes nothing, and such an operation can then be ordered last, after
-	// every other, so the search only orders them taking effect, passes over their returns,
-	// and is done once every other operation is ordered. An unknown outcome with a return
-	// before that (a dropped reply) is not deferrable: had it taken effect, it did before its
-	// return (TestDroppedReplyIsNotDeferred). Without this, a burst of them multiplied the
-	// memo's entries by the count ordered not taking effect: (state, count ordered) is O(k²),
-	// (state, count taken) O(k), the generation moving with the count.
-	var maxCall, maxRet int64
-	for _, op := range ops {
-		maxCall = max(maxCall, op.Call)
-		if op.Output.(output).Out != OutUnknown {
-			maxRet = max(maxRet, op.Return)
-		}
-	}
-	deferrable := make([]bool, n)
-	required := 0
-	for i, op := range ops {
-		deferrable[i] = op.Output.(output).Out == OutUnknown && op.Return >= maxRet && op.Return >= maxCall
-		if !deferrable[i] {
-			required++
-		}
 	}
 	// Twins. Operations with the same input and output but for an owner that only they name,
 	// and the same return, have the same effect on the states (their owners become
@@ -242,10 +208,123 @@ func search(ops []porcupine.Operation, init []state, deadline time.Time) searchR
 			last[k] = i
 		}
 	}
+	// Two lists run through ev: the main one (head ev[0]) holds, in time order, the calls and
+	// returns of the operations that must be ordered; the other (head ev[dHead]), newest
+	// first, the calls of the deferrable ones that may go next (a twin joins it when the twin
+	// before it is ordered, in that one's place), whose returns, at the end of the history,
+	// are in neither. The first pass walks the main list up to its first return, the second
+	// the other one. A step thus looks at the operations open at that point and the
+	// deferrable candidates, not at every deferrable operation left: they stay open to the end
+	// and, walked over at every step, made the check of a resource quadratic in its length
+	// (with one outcome in 200 unknown, 125 000 operations left hundreds to walk over per step).
+	// Newest first: the effect a stuck return needs is most often the latest unknown one; in
+	// call order, an old unknown outcome was tried first, and through it every twin after it.
+	dHead := 2*n + 1
+	ev := make([]event, 2*n+2)
+	ev[0] = event{op: -1, prev: -1, next: -1}
+	ev[dHead] = event{op: -1, prev: -1, next: -1}
+	nextTwin := make([]int, n)
+	for i := range nextTwin {
+		nextTwin[i] = -1
+	}
+	for i, t := range prevTwin {
+		if t >= 0 && deferrable[i] {
+			nextTwin[t] = i
+		}
+	}
+	tail := 0
+	callOf := make([]int, n)
+	for k, s := range stamps {
+		e := k + 1
+		ev[e] = event{op: s.op, ret: s.ret, prev: -1, next: -1}
+		if !s.ret {
+			callOf[s.op] = e
+		} else {
+			ev[callOf[s.op]].match = e
+		}
+		switch {
+		case !deferrable[s.op]:
+			ev[e].prev, ev[tail].next, tail = tail, e, e
+		case !s.ret && prevTwin[s.op] < 0:
+			ev[e].prev, ev[e].next = dHead, ev[dHead].next
+			if ev[dHead].next >= 0 {
+				ev[ev[dHead].next].prev = e
+			}
+			ev[dHead].next = e
+		}
+	}
+	// Every change to the lists is logged (an event taken out, or, as ^e, put in) and undone
+	// in reverse order when the search backtracks (Knuth's dancing links).
+	var undo []int
+	unlink := func(e int) {
+		ev[ev[e].prev].next = ev[e].next
+		if ev[e].next >= 0 {
+			ev[ev[e].next].prev = ev[e].prev
+		}
+		undo = append(undo, e)
+	}
+	relink := func(e int) {
+		ev[ev[e].prev].next = e
+		if ev[e].next >= 0 {
+			ev[ev[e].next].prev = e
+		}
+	}
+	lift := func(e int) {
+		op := ev[e].op
+		unlink(e)
+		switch t := nextTwin[op]; {
+		case !deferrable[op]:
+			unlink(ev[e].match)
+		case t >= 0:
+			c := callOf[t]
+			ev[c].prev, ev[c].next = ev[e].prev, ev[e].next
+			relink(c)
+			undo = append(undo, ^c)
+		}
+	}
+	undoTo := func(mark int) {
+		for len(undo) > mark {
+			e := undo[len(undo)-1]
+			undo = undo[:len(undo)-1]
+			if e >= 0 {
+				relink(e)
+				continue
+			}
+			e = ^e
+			ev[ev[e].prev].next = ev[e].next
+			if ev[e].next >= 0 {
+				ev[ev[e].next].prev = ev[e].prev
+			}
+		}
+	}
+	// A deferrable publication or release changes the state only while its owner holds the
+	// lease (step), so the second pass passes over it while another does; and once no
+	// acquisition or restore that could give that owner the lease again is left to order
+	// (enablers), it cannot take effect anywhere below: it leaves the list until the search
+	// backtracks above that point.
+	ownersOnly, ownerOf, ownerIdx := make([]bool, n), make([]string, n), make([]int32, n)
+	gives := make([]int32, n) // the owner an acquisition or a restore gives the lease to, or -1
+	enablers := make([]int32, len(left))
+	for i, op := range ops {
+		in := op.Input.(input)
+		gives[i] = -1
+		switch in.Kind {
+		case OpPublish, OpPublishRelease, OpRelease:
+			ownersOnly[i], ownerOf[i], ownerIdx[i] = deferrable[i], in.Owner, ownerID[in.Owner]
+		case OpAcquire, OpRestore:
+			if id, ok := ownerID[in.Owner]; ok {
+				gives[i] = id
+				enablers[id]++
+			}
+		}
+	}
 	ordered := make([]bool, n)
 	order := func(op int, delta int32) {
 		for _, id := range mentions[op] {
 			left[id] += delta
+		}
+		if id := gives[op]; id >= 0 {
+			enablers[id] += delta
 		}
 	}
 	var lin1, lin2 uint64
@@ -260,6 +339,8 @@ func search(ops []porcupine.Operation, init []state, deadline time.Time) searchR
 		e     int
 		state state
 		alt   int // which of the operation's outcomes (step's results) was taken
+		limit int // in the second pass: the return it stopped at
+		mark  int // the undo log's length before
 	}
 	var calls []frame
 	res := searchResult{verdict: linearizable, culprit: -1}
@@ -272,85 +353,96 @@ func search(ops []porcupine.Operation, init []state, deadline time.Time) searchR
 			continue
 		}
 		seen[memoKey(0, 0, st)] = struct{}{}
-		// Two passes over the operations that may go next: first those that must be ordered,
-		// then the deferrable ones taking effect, so that the search tries "not yet" (which
-		// the deferral makes "not at all" if it lasts) before "now" for them. Both passes
-		// offer the same children; only their order changes.
-		cur, from, late := ev[0].next, 0, false
+		undoTo(0)
+		// Two passes over the operations that may go next: first those that must be ordered
+		// (the main list, up to its first return), then the deferrable ones taking effect
+		// (their list, up to the calls made before that return), so that the search tries
+		// "not yet" (which the deferral makes "not at all" if it lasts) before "now" for them.
+		// Both passes offer the same children; only their order changes.
+		cur, from, late, limit := ev[0].next, 0, false, 0
 		for required > 0 {
 			if steps++; steps&0xfff == 0 && time.Now().After(deadline) {
 				res.verdict = timedOut
 				return res
 			}
-			e := ev[cur]
-			if e.ret && deferrable[e.op] {
-				cur, from = e.next, 0 // it may never have taken effect
+			if late && cur > limit {
+				cur, from = ev[cur].next, 0
 				continue
 			}
-			if !e.ret {
-				if t := prevTwin[e.op]; deferrable[e.op] != late || (t >= 0 && !ordered[t]) {
-					cur, from = e.next, 0
-					continue
+			if late && cur < 0 {
+				// The return at limit: its operation must have taken effect already, and no
+				// choice made so far allows it, with or without the deferrable operations
+				// called before it. Undo the latest choice.
+				if len(calls) >= res.depth {
+					res.depth, res.culprit = len(calls), ev[limit].op
 				}
-				op := ops[e.op]
-				nexts := step(st, op.Input.(input), op.Output.(output))
-				descended := false
-				order(e.op, -1)
-				for a := from; a < len(nexts); a++ {
-					next := nexts[a].(state)
-					if deferrable[e.op] && next == st {
-						continue // not taking effect: ordered last
-					}
-					if dead(next.Owner) {
-						next.Owner = unobservable
-					}
-					k := memoKey(lin1^z1[e.op], lin2^z2[e.op], next)
-					if _, done := seen[k]; done {
-						continue
-					}
-					seen[k] = struct{}{}
-					lin1, lin2 = lin1^z1[e.op], lin2^z2[e.op]
-					ordered[e.op] = true
-					if !deferrable[e.op] {
-						required--
-					}
-					calls = append(calls, frame{cur, st, a})
-					st = next
-					lift(cur)
-					cur, from, late, descended = ev[0].next, 0, false, true
+				if len(calls) == 0 {
 					break
 				}
-				if !descended {
-					order(e.op, 1)
-					cur, from = e.next, 0
+				top := calls[len(calls)-1]
+				calls = calls[:len(calls)-1]
+				cur, st, from, limit = top.e, top.state, top.alt+1, top.limit
+				op := ev[cur].op
+				late = deferrable[op]
+				lin1, lin2 = lin1^z1[op], lin2^z2[op]
+				ordered[op] = false
+				if !deferrable[op] {
+					required++
 				}
+				order(op, 1)
+				undoTo(top.mark)
 				continue
 			}
-			// A return whose call is still in the list: that operation must have taken effect
-			// already, and no choice made so far allows it. Try the deferrable operations
-			// first, then undo the latest choice.
-			if !late {
-				cur, from, late = ev[0].next, 0, true
+			e := ev[cur]
+			if e.ret {
+				// A return whose call is still in the list: try the deferrable operations.
+				cur, from, late, limit = ev[dHead].next, 0, true, cur
 				continue
 			}
-			if len(calls) >= res.depth {
-				res.depth, res.culprit = len(calls), e.op
+			if t := prevTwin[e.op]; t >= 0 && !ordered[t] {
+				cur, from = e.next, 0
+				continue
 			}
-			if len(calls) == 0 {
+			if ownersOnly[e.op] && ownerOf[e.op] != st.Owner {
+				if enablers[ownerIdx[e.op]] == 0 {
+					unlink(cur)
+				}
+				cur, from = e.next, 0
+				continue
+			}
+			op := ops[e.op]
+			in := op.Input.(input)
+			nexts := step(st, in, op.Output.(output))
+			descended := false
+			order(e.op, -1)
+			for a := from; a < len(nexts); a++ {
+				next := nexts[a].(state)
+				if deferrable[e.op] && next == st {
+					continue // not taking effect: ordered last
+				}
+				if dead(next.Owner) {
+					next.Owner = unobservable
+				}
+				k := memoKey(lin1^z1[e.op], lin2^z2[e.op], next)
+				if _, done := seen[k]; done {
+					continue
+				}
+				seen[k] = struct{}{}
+				lin1, lin2 = lin1^z1[e.op], lin2^z2[e.op]
+				ordered[e.op] = true
+				if !deferrable[e.op] {
+					required--
+				}
+				calls = append(calls, frame{cur, st, a, limit, len(undo)})
+				st = next
+				lift(cur)
+				cur, from, late, descended = ev[0].next, 0, false, true
 				break
 			}
-			top := calls[len(calls)-1]
-			calls = calls[:len(calls)-1]
-			cur, st, from = top.e, top.state, top.alt+1
-			op := ev[cur].op
-			late = deferrable[op]
-			lin1, lin2 = lin1^z1[op], lin2^z2[op]
-			ordered[op] = false
-			if !deferrable[op] {
-				required++
+			if !descended {
+				order(e.op, 1)
+				cur, from = e.next, 0
 			}
-			order(op, 1)
-			unlift(cur)
 		}
 		if required == 0 {
 			break
