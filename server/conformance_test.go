@@ -16,6 +16,7 @@ import (
 
 	"github.com/fenced-dev/fenced/backend/postgres"
 	"github.com/fenced-dev/fenced/backend/postgres/pgtest"
+	"github.com/fenced-dev/fenced/backend/remote"
 	"github.com/fenced-dev/fenced/backend/sqlite"
 	"github.com/fenced-dev/fenced/driver"
 	"github.com/fenced-dev/fenced/driver/drivertest"
@@ -37,17 +38,22 @@ type backing struct {
 // opens is a remote driver speaking HTTP to it, the lost reply is lost on the TCP connection
 // between client and service, and a total loss replaces the service's store.
 func remoteTarget(t *testing.T, b backing) drivertest.Target {
+	return remoteTargetWith(t, b, client)
+}
+
+// remoteTargetWith is remoteTarget with the remote drivers that open opens.
+func remoteTargetWith(t *testing.T, b backing, open func(t testing.TB, addr, bearer string) *remote.Driver) drivertest.Target {
 	opts := &server.Options{UnsafeAnyPruneAge: true}
 	h := startServer(t, newStore(t, b.open(t)), opts)
 	return drivertest.Target{
-		Open:     func(t *testing.T) driver.Driver { return client(t, h.addr, "") },
+		Open:     func(t *testing.T) driver.Driver { return open(t, h.addr, "") },
 		Expire:   b.expire,
 		SetEpoch: b.setEpoch,
 		LostReply: func(t *testing.T) (driver.Driver, func()) {
 			p := drivertest.StartProxy(t, h.addr)
-			return client(t, p.Addr(), ""), p.LoseNextReply
+			return open(t, p.Addr(), ""), p.LoseNextReply
 		},
-		Unreachable: func(t *testing.T) driver.Driver { return client(t, drivertest.ClosedAddr(t), "") },
+		Unreachable: func(t *testing.T) driver.Driver { return open(t, drivertest.ClosedAddr(t), "") },
 		// The row-lock schedule's statements are the service's (its owner "holder ü" goes in
 		// the JSON body and percent-encoded in Fenced-Owner); the lock is held by a session of
 		// the engine's own, beside the service.

@@ -126,7 +126,18 @@ func (h *harness) url() string { return "http://" + h.addr }
 // client opens a remote driver on the service at addr (the server's, or a proxy's).
 func client(t testing.TB, addr, bearer string) *remote.Driver {
 	t.Helper()
-	d, err := remote.Open("http://"+addr, &remote.Options{BearerToken: bearer})
+	return clientWith(t, addr, &remote.Options{BearerToken: bearer})
+}
+
+// syncClient is client with the transport that works on the calling goroutine.
+func syncClient(t testing.TB, addr, bearer string) *remote.Driver {
+	t.Helper()
+	return clientWith(t, addr, &remote.Options{BearerToken: bearer, SyncTransport: true})
+}
+
+func clientWith(t testing.TB, addr string, opts *remote.Options) *remote.Driver {
+	t.Helper()
+	d, err := remote.Open("http://"+addr, opts)
 	if err != nil {
 		t.Fatal(err)
 	}

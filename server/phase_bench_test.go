@@ -45,10 +45,10 @@ import (
 //     process: the client's work added, the network not;
 //   - service: the whole path, HTTP/1.1 on loopback (BenchmarkCycle's impl=service);
 //   - http-floor: two loopback round trips to a handler with no database;
-//   - sync-client, sync-server, sync-both: the service with a client transport that writes
-//     and reads on the calling goroutine, a server that reads, answers and writes on one
-//     goroutine per connection (no background read), or both: what net/http's hand-offs
-//     between goroutines cost.
+//   - sync-client, sync-server, sync-both: the service with the remote driver's SyncTransport
+//     (it writes and reads on the calling goroutine), a test-only server that reads, answers
+//     and writes on one goroutine per connection (no background read), or both: what
+//     net/http's hand-offs between goroutines cost.
 //
 // Each phase reports the median of its cycles (p50-µs) and that median over the library's
 // (x-library), the median time inside the service's handler (in-handler-p50-µs: the rest is
@@ -266,51 +266,10 @@ func (t inprocTransport) RoundTrip(r *http.Request) (*http.Response, error) {
 	return rec.Result(), nil
 }
 
-// syncClientStore is a client Store whose transport sends each request and reads its answer on
-// the calling goroutine, over one kept connection: net/http's transport without its reading
-// and writing goroutines. For measurement only: one caller at a time, no retries.
+// syncClientStore is a client Store whose remote driver has remote.Options.SyncTransport:
+// each request is sent and its answer read on the calling goroutine.
 func syncClientStore(b *testing.B, addr string) *fenced.Store {
-	t := &syncTransport{addr: addr}
-	b.Cleanup(func() {
-		if t.conn != nil {
-			_ = t.conn.Close()
-		}
-	})
-	d, err := remote.Open("http://"+addr, &remote.Options{Client: &http.Client{Transport: t}})
-	if err != nil {
-		b.Fatal(err)
-	}
-	return phaseStore(b, d)
-}
-
-type syncTransport struct {
-	addr string
-	mu   sync.Mutex
-	conn net.Conn
-	br   *bufio.Reader
-}
-
-func (t *syncTransport) RoundTrip(r *http.Request) (*http.Response, error) {
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	if t.conn == nil {
-		c, err := net.Dial("tcp", t.addr)
-		if err != nil {
-			return nil, err
-		}
-		t.conn, t.br = c, bufio.NewReader(c)
-	}
-	if err := r.Write(t.conn); err != nil {
-		return nil, err
-	}
-	resp, err := http.ReadResponse(t.br, r)
-	if err != nil {
-		return nil, err
-	}
-	body, err := io.ReadAll(resp.Body)
-	_ = resp.Body.Close()
-	resp.Body = io.NopCloser(bytes.NewReader(body))
-	return resp, err
+	return phaseStore(b, clientWith(b, addr, &remote.Options{SyncTransport: true}))
 }
 
 // syncServer serves handler on a loopback listener with one goroutine per connection that

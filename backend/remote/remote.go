@@ -60,6 +60,12 @@ type Options struct {
 	BearerToken string
 	// TLS configures HTTPS for the default client (for a private CA, for example).
 	TLS *tls.Config
+	// SyncTransport makes the default client write each request and read its answer on the
+	// calling goroutine, over HTTP/1.1 connections kept between requests, instead of
+	// net/http's Transport and its reading and writing goroutines per connection: a cycle
+	// through the service then waits for fewer goroutine wake-ups (docs/SERVICE.md, Numbers).
+	// It reads no proxy settings and speaks no HTTP/2. Not with Client. Default false.
+	SyncTransport bool
 }
 
 // Driver is a client of one fenced service. It is safe for concurrent use by multiple
@@ -68,7 +74,7 @@ type Driver struct {
 	base   *url.URL
 	client *http.Client
 	token  string
-	own    *http.Transport // closed by Close; nil when the caller gave the client
+	own    interface{ CloseIdleConnections() } // closed by Close; nil when the caller gave the client
 	maxPay atomic.Int64
 	// maxWait is the service's limit on one wait (from /v1/info), 0 until asked.
 	maxWait atomic.Int64
@@ -108,6 +114,14 @@ func Open(rawURL string, opts *Options) (*Driver, error) {
 		o = *opts
 	}
 	d := &Driver{base: u, client: o.Client, token: o.BearerToken}
+	if o.SyncTransport {
+		if d.client != nil {
+			return nil, errors.New("fenced service client: SyncTransport applies to the default client only, not to one given in Client")
+		}
+		st := newSyncTransport(o.TLS, u.Scheme == "https")
+		d.own = st
+		d.client = &http.Client{Transport: st}
+	}
 	if d.client == nil {
 		tr := http.DefaultTransport.(*http.Transport).Clone()
 		// One host only: keep as many idle connections as there are concurrent callers, not
