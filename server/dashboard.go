@@ -93,7 +93,7 @@ func (s *Server) dashboardPage(w http.ResponseWriter, r *http.Request) {
 
 // dashboard reads every remembered resource the caller may see, newest first.
 func (s *Server) dashboard(w http.ResponseWriter, r *http.Request) {
-	p, _ := r.Context().Value(principalKey{}).(*principal)
+	p := principalOf(w)
 	s.recent.mu.Lock()
 	names := slices.Clone(s.recent.seen)
 	refusals := slices.Clone(s.recent.refusals)

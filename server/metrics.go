@@ -75,6 +75,16 @@ type recorder struct {
 	finish func()
 	parked bool
 	gone   bool // a waiting client hung up before its answer; nothing was written
+	// principal is the authenticated caller, for the handlers that filter their answer.
+	principal *principal
+}
+
+// principalOf is the caller that handle authenticated for w's request.
+func principalOf(w http.ResponseWriter) *principal {
+	if rec, ok := w.(*recorder); ok {
+		return rec.principal
+	}
+	return nil
 }
 
 func (r *recorder) WriteHeader(status int) {

@@ -201,18 +201,22 @@ func handlerCycle(b *testing.B, handler http.Handler, s *fenced.Store) func() {
 		b.Fatal(err)
 	}
 	path := "/v1/resources/" + url.PathEscape(resource)
-	serve := func(r *http.Request) *httptest.ResponseRecorder {
+	// Not httptest.NewRequest: it parses a request line through a bufio.Reader of 4 KB, which
+	// the handler's allocation per cycle would be charged with.
+	serve := func(op, body string, header http.Header) *httptest.ResponseRecorder {
 		ctx, cancel := context.WithCancel(context.Background())
 		defer cancel()
-		r.RemoteAddr = "127.0.0.1:40000"
+		r, err := http.NewRequestWithContext(ctx, http.MethodPost, path+"/"+op, strings.NewReader(body))
+		if err != nil {
+			b.Fatal(err)
+		}
+		r.Header, r.RemoteAddr = header, "127.0.0.1:40000"
 		rec := httptest.NewRecorder()
-		handler.ServeHTTP(rec, r.WithContext(ctx))
+		handler.ServeHTTP(rec, r)
 		return rec
 	}
 	return func() {
-		req := httptest.NewRequest(http.MethodPost, path+"/acquire", strings.NewReader(`{"ttl_ms":60000,"owner":"bench-owner"}`))
-		req.Header.Set("Content-Type", "application/json")
-		rec := serve(req)
+		rec := serve("acquire", `{"ttl_ms":60000,"owner":"bench-owner"}`, http.Header{"Content-Type": {"application/json"}})
 		if rec.Code != http.StatusOK {
 			b.Fatalf("acquire: %d %s", rec.Code, rec.Body)
 		}
@@ -220,12 +224,11 @@ func handlerCycle(b *testing.B, handler http.Handler, s *fenced.Store) func() {
 		if err := json.Unmarshal(rec.Body.Bytes(), &l); err != nil {
 			b.Fatal(err)
 		}
-		req = httptest.NewRequest(http.MethodPost, path+"/publish-and-release", strings.NewReader("payload\x00"))
-		req.Header.Set("Content-Type", "application/octet-stream")
-		req.Header.Set(server.HeaderOwner, l.Owner)
-		req.Header.Set(server.HeaderToken, l.Token)
-		req.Header.Set(server.HeaderOpID, crand.Text())
-		if rec := serve(req); rec.Code != http.StatusOK {
+		h := http.Header{"Content-Type": {"application/octet-stream"}}
+		h.Set(server.HeaderOwner, l.Owner)
+		h.Set(server.HeaderToken, l.Token)
+		h.Set(server.HeaderOpID, crand.Text())
+		if rec := serve("publish-and-release", "payload\x00", h); rec.Code != http.StatusOK {
 			b.Fatalf("publish and release: %d %s", rec.Code, rec.Body)
 		}
 	}

@@ -170,8 +170,6 @@ func (s *Server) routes() {
 	})
 }
 
-type principalKey struct{}
-
 // handle registers h behind request ids and authorisation: the caller needs at least role
 // need, and a route with a resource name needs a token whose prefixes cover it.
 func (s *Server) handle(pattern, op string, need Role, h http.HandlerFunc) {
@@ -215,7 +213,9 @@ func (s *Server) handle(pattern, op string, need Role, h http.HandlerFunc) {
 			writeProblem(w, r, *prob)
 			return
 		}
-		h(w, r.WithContext(context.WithValue(r.Context(), principalKey{}, p)))
+		// On the recorder, not in the request's context: r.WithContext would copy the request.
+		w.principal = p
+		h(w, r)
 	})
 }
 
@@ -624,9 +624,8 @@ func operationJSON(op driver.Operation) Operation {
 
 // visible reports whether the caller may see an accepted operation of resource: an operation
 // id is not a resource name, so the prefix check happens on the answer.
-func visible(r *http.Request, op Operation) bool {
-	p, _ := r.Context().Value(principalKey{}).(*principal)
-	return op.Resource == "" || p.covers(op.Resource)
+func visible(w http.ResponseWriter, op Operation) bool {
+	return op.Resource == "" || principalOf(w).covers(op.Resource)
 }
 
 func (s *Server) readOperation(w http.ResponseWriter, r *http.Request) {
@@ -644,7 +643,7 @@ func (s *Server) readOperation(w http.ResponseWriter, r *http.Request) {
 		op.OpID = id
 	}
 	out := operationJSON(op)
-	if !visible(r, out) {
+	if !visible(w, out) {
 		writeProblem(w, r, forbidden("this token's prefixes do not cover the operation's resource"))
 		return
 	}
@@ -664,7 +663,7 @@ func (s *Server) resolve(w http.ResponseWriter, r *http.Request) {
 		op.Outcome, op.Resource, op.Epoch, op.Generation = driver.OutcomeAccepted, res.Resource, res.Token.Epoch, res.Token.Generation
 	}
 	out := operationJSON(op)
-	if !visible(r, out) {
+	if !visible(w, out) {
 		writeProblem(w, r, forbidden("this token's prefixes do not cover the operation's resource"))
 		return
 	}
