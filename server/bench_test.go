@@ -23,7 +23,8 @@ import (
 
 // BenchmarkCycle is one acquire → publish-and-release cycle, through the library on the
 // database directly and through a service on the same database (HTTP/1.1 on loopback, the
-// remote driver), so that the service's cost is read as a ratio in one run. -count repeats a
+// remote driver; service-sync: with its SyncTransport), so that the service's cost is read as
+// a ratio in one run. -count repeats a
 // sub-benchmark back to back, so the rounds are sub-benchmarks of their own
 // (FENCED_BENCH_ROUNDS, default 5): within each round the two take turns at each client
 // count, and a ratio compares neighbours in time:
@@ -44,13 +45,17 @@ func BenchmarkCycle(b *testing.B) {
 			direct := newStore(b, back.open(b))
 			h := startServerWith(b, newStore(b, back.open(b)), &server.Options{Logger: slog.New(slog.DiscardHandler)}, false)
 			remoteS := remoteStore(b, h, "")
+			syncS, err := fenced.New(testCtx(b), syncClient(b, h.addr, ""), nil)
+			if err != nil {
+				b.Fatal(err)
+			}
 			floor := floorServer(b)
 			for round := range benchRounds() {
 				for _, n := range []int{1, 16, 64} {
 					for _, impl := range []struct {
 						name  string
 						store *fenced.Store
-					}{{"library", direct}, {"service", remoteS}} {
+					}{{"library", direct}, {"service", remoteS}, {"service-sync", syncS}} {
 						b.Run(fmt.Sprintf("round=%d/clients=%d/impl=%s", round+1, n, impl.name), func(b *testing.B) { cycle(b, impl.store, impl.name, n) })
 					}
 					if n == 1 {
