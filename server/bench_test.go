@@ -23,7 +23,7 @@ import (
 
 // BenchmarkCycle is one acquire → publish-and-release cycle, through the library on the
 // database directly and through a service on the same database (HTTP/1.1 on loopback, the
-// remote driver; service-sync: with its SyncTransport), so that the service's cost is read as
+// remote driver; service-sync: with its SyncTransport, to the service's loop), so that the service's cost is read as
 // a ratio in one run. -count repeats a
 // sub-benchmark back to back, so the rounds are sub-benchmarks of their own
 // (FENCED_BENCH_ROUNDS, default 5): within each round the two take turns at each client
@@ -43,7 +43,8 @@ func BenchmarkCycle(b *testing.B) {
 				back = sqliteBacking(b)
 			}
 			direct := newStore(b, back.open(b))
-			h := startServerWith(b, newStore(b, back.open(b)), &server.Options{Logger: slog.New(slog.DiscardHandler)}, false)
+			// SyncConnections serves only the clients that ask for it: service-sync's.
+			h := startServerWith(b, newStore(b, back.open(b)), &server.Options{Logger: slog.New(slog.DiscardHandler), SyncConnections: true}, false)
 			remoteS := remoteStore(b, h, "")
 			syncS, err := fenced.New(testCtx(b), syncClient(b, h.addr, ""), nil)
 			if err != nil {

@@ -16,7 +16,6 @@ import (
 
 	"github.com/fenced-dev/fenced/backend/postgres"
 	"github.com/fenced-dev/fenced/backend/postgres/pgtest"
-	"github.com/fenced-dev/fenced/backend/remote"
 	"github.com/fenced-dev/fenced/backend/sqlite"
 	"github.com/fenced-dev/fenced/driver"
 	"github.com/fenced-dev/fenced/driver/drivertest"
@@ -38,12 +37,17 @@ type backing struct {
 // opens is a remote driver speaking HTTP to it, the lost reply is lost on the TCP connection
 // between client and service, and a total loss replaces the service's store.
 func remoteTarget(t *testing.T, b backing) drivertest.Target {
-	return remoteTargetWith(t, b, client)
+	return remoteTargetWith(t, b, false)
 }
 
-// remoteTargetWith is remoteTarget with the remote drivers that open opens.
-func remoteTargetWith(t *testing.T, b backing, open func(t testing.TB, addr, bearer string) *remote.Driver) drivertest.Target {
-	opts := &server.Options{UnsafeAnyPruneAge: true}
+// remoteTargetWith is remoteTarget, with sync: through the remote driver's SyncTransport to a
+// service with SyncConnections.
+func remoteTargetWith(t *testing.T, b backing, sync bool) drivertest.Target {
+	opts := &server.Options{UnsafeAnyPruneAge: true, SyncConnections: sync}
+	open := client
+	if sync {
+		open = syncClient
+	}
 	h := startServer(t, newStore(t, b.open(t)), opts)
 	return drivertest.Target{
 		Open:     func(t *testing.T) driver.Driver { return open(t, h.addr, "") },

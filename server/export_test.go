@@ -1,5 +1,6 @@
 package server
 
-// SetHook makes f see the parked waiters' moments ("parked", "gone", "released", "answered").
+// SetHook makes f see the parked waiters' moments ("parked", "gone", "released", "answered",
+// "loop" and "loop-end" for a connection served by the loop).
 // Set it before the first request.
 func SetHook(s *Server, f func(event string)) { s.hook = f }

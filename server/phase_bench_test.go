@@ -48,7 +48,10 @@ import (
 //   - sync-client, sync-server, sync-both: the service with the remote driver's SyncTransport
 //     (it writes and reads on the calling goroutine), a test-only server that reads, answers
 //     and writes on one goroutine per connection (no background read), or both: what
-//     net/http's hand-offs between goroutines cost.
+//     net/http's hand-offs between goroutines cost;
+//   - sync-loop: SyncTransport to a service with Options.SyncConnections, the production form
+//     of sync-both (its in-handler time counts only each connection's first request, which
+//     net/http hands to the loop).
 //
 // Each phase reports the median of its cycles (p50-µs) and that median over the library's
 // (x-library), the median time inside the service's handler (in-handler-p50-µs: the rest is
@@ -80,8 +83,8 @@ func BenchmarkCyclePhases(b *testing.B) {
 		}
 		return timing(srv.Handler())
 	}
-	newListener := func() string {
-		h := startServerWith(b, phaseStore(b, back.open(b)), &server.Options{Logger: slog.New(slog.DiscardHandler)}, false)
+	newListener := func(loop bool) string {
+		h := startServerWith(b, phaseStore(b, back.open(b)), &server.Options{Logger: slog.New(slog.DiscardHandler), SyncConnections: loop}, false)
 		timed := timing(*h.handler.Load())
 		h.handler.Store(&timed)
 		return h.addr
@@ -95,11 +98,12 @@ func BenchmarkCyclePhases(b *testing.B) {
 		{"library-ctx", storeCycle(b, phaseStore(b, back.open(b)), "library-ctx", true)},
 		{"handler", handlerCycle(b, newHandler(), direct)},
 		{"inproc", storeCycle(b, inprocStore(b, newHandler(), &inprocRequests), "inproc", false)},
-		{"service", storeCycle(b, phaseStore(b, client(b, newListener(), "")), "service", false)},
+		{"service", storeCycle(b, phaseStore(b, client(b, newListener(false), "")), "service", false)},
 		{"http-floor", floorCycle(b, floorServer(b))},
-		{"sync-client", storeCycle(b, syncClientStore(b, newListener()), "sync-client", false)},
+		{"sync-client", storeCycle(b, syncClientStore(b, newListener(false)), "sync-client", false)},
 		{"sync-server", storeCycle(b, phaseStore(b, client(b, syncServer(b, newHandler()), "")), "sync-server", false)},
 		{"sync-both", storeCycle(b, syncClientStore(b, syncServer(b, newHandler())), "sync-both", false)},
+		{"sync-loop", storeCycle(b, syncClientStore(b, newListener(true)), "sync-loop", false)},
 	}
 	if only := os.Getenv("FENCED_BENCH_PHASES"); only != "" {
 		phases = slices.DeleteFunc(phases, func(p phase) bool { return !slices.Contains(strings.Split(only, ","), p.name) })

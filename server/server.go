@@ -78,6 +78,13 @@ type Options struct {
 	// interface allows; by default the store's MinPruneAge is enforced. Only for tests that
 	// run the conformance suite through the service.
 	UnsafeAnyPruneAge bool
+
+	// SyncConnections lets a client ask (HeaderSyncConnection, sent by the remote driver's
+	// SyncTransport) that its HTTP/1.1 connection be served by a loop on one goroutine after
+	// its first request, which saves net/http's hand-offs between goroutines (the
+	// connection's limits and timeouts are the http.Server's). Such connections are ended by
+	// StopWaiting and waited for by WaitAnswered. Default false: the header is ignored.
+	SyncConnections bool
 }
 
 // Server serves one store. It is safe for concurrent use; build it with New.
@@ -135,7 +142,7 @@ func New(store *fenced.Store, opts *Options) (*Server, error) {
 }
 
 // Handler returns the service's HTTP handler.
-func (s *Server) Handler() http.Handler { return s.mux }
+func (s *Server) Handler() http.Handler { return http.HandlerFunc(s.serveHTTP) }
 
 func (s *Server) routes() {
 	s.mux.HandleFunc("GET /openapi.json", func(w http.ResponseWriter, r *http.Request) {

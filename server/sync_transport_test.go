@@ -14,10 +14,11 @@ import (
 	"github.com/fenced-dev/fenced/driver/drivertest"
 )
 
-// The remote driver's SyncTransport (remote.Options) must keep every promise of the default
-// transport: the whole suite through a service, the lost reply included.
+// The remote driver's SyncTransport (remote.Options) and the service's loop
+// (Options.SyncConnections) must keep every promise of net/http's transport and server: the
+// whole suite through a service, the lost reply included.
 func TestConformanceThroughServiceSyncTransport(t *testing.T) {
-	drivertest.Run(t, func(t *testing.T) drivertest.Target { return remoteTargetWith(t, sqliteBacking(t), syncClient) })
+	drivertest.Run(t, func(t *testing.T) drivertest.Target { return remoteTargetWith(t, sqliteBacking(t), true) })
 }
 
 // leaseService answers every acquisition with a lease after calling before, and counts the

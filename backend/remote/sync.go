@@ -59,6 +59,10 @@ func newSyncTransport(tlsConf *tls.Config, https bool) *syncTransport {
 	return t
 }
 
+// headerSyncConnection asks the service to serve the connection on one goroutine
+// (server.HeaderSyncConnection).
+const headerSyncConnection = "Fenced-Connection"
+
 // errTransportClosed is returned for requests after CloseIdleConnections made the transport
 // refuse new ones (the driver's Close).
 var errTransportClosed = errors.New("the connection pool is closed")
@@ -156,6 +160,11 @@ func (t *syncTransport) RoundTrip(req *http.Request) (*http.Response, error) {
 	if err != nil {
 		closeBody()
 		return nil, err
+	}
+	if !reused {
+		// A service with SyncConnections then serves the connection on one goroutine too.
+		req = req.Clone(ctx)
+		req.Header.Set(headerSyncConnection, "sync")
 	}
 	if trace := httptrace.ContextClientTrace(ctx); trace != nil && trace.GotConn != nil {
 		trace.GotConn(httptrace.GotConnInfo{Conn: c.Conn, Reused: reused})

@@ -1,0 +1,250 @@
+package server
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"crypto/tls"
+	"errors"
+	"io"
+	"math"
+	"net"
+	"net/http"
+	"sync"
+	"time"
+)
+
+// HeaderSyncConnection, with the value "sync", asks the service to serve the rest of the
+// request's connection on one goroutine (Options.SyncConnections); the remote driver's
+// SyncTransport sends it on a connection's first request.
+const HeaderSyncConnection = "Fenced-Connection"
+
+// Limits of a connection served by the loop where the http.Server sets none.
+const (
+	loopIdleTimeout   = 2 * time.Minute
+	loopHeaderTimeout = 10 * time.Second
+)
+
+// serveHTTP is the service's handler: the mux, or, for a request that asks for it, the loop
+// that serves its connection from then on.
+func (s *Server) serveHTTP(w http.ResponseWriter, r *http.Request) {
+	if !s.opts.SyncConnections || r.ProtoMajor != 1 || r.Header.Get(HeaderSyncConnection) != "sync" || s.stopping.Err() != nil {
+		s.mux.ServeHTTP(w, r)
+		return
+	}
+	// The body is read before the connection is taken over (net/http's reader must not be
+	// used after); one larger than any the service accepts is left to net/http.
+	limit := int64(max(s.store.MaxPayloadBytes(), maxJSONBytes)) + 1
+	body, err := io.ReadAll(io.LimitReader(r.Body, limit))
+	r.Body = io.NopCloser(io.MultiReader(bytes.NewReader(body), r.Body))
+	if err != nil || int64(len(body)) == limit {
+		s.mux.ServeHTTP(w, r)
+		return
+	}
+	conn, brw, err := http.NewResponseController(w).Hijack()
+	if err != nil {
+		s.mux.ServeHTTP(w, r)
+		return
+	}
+	var src io.Reader = conn
+	if n := brw.Reader.Buffered(); n > 0 { // pipelined: what net/http read ahead comes first
+		ahead, _ := brw.Reader.Peek(n)
+		src = io.MultiReader(bytes.NewReader(bytes.Clone(ahead)), conn)
+	}
+	hs, _ := r.Context().Value(http.ServerContextKey).(*http.Server)
+	l := &loop{s: s, conn: conn, src: &io.LimitedReader{R: src}, bw: brw.Writer, base: context.WithoutCancel(r.Context()),
+		idleTimeout: loopIdleTimeout, headerTimeout: loopHeaderTimeout, maxHeader: http.DefaultMaxHeaderBytes}
+	if hs != nil {
+		if t := cmp(hs.IdleTimeout, hs.ReadTimeout); t > 0 {
+			l.idleTimeout = t
+		}
+		if t := cmp(hs.ReadHeaderTimeout, hs.ReadTimeout); t > 0 {
+			l.headerTimeout = t
+		}
+		if hs.MaxHeaderBytes > 0 {
+			l.maxHeader = hs.MaxHeaderBytes
+		}
+		l.writeTimeout = hs.WriteTimeout
+	}
+	l.br = bufio.NewReader(l.src)
+	r.Body = io.NopCloser(bytes.NewReader(body))
+	s.parked.add() // WaitAnswered waits for the loop to end
+	defer s.parked.done()
+	stop := context.AfterFunc(s.stopping, l.stop)
+	defer stop()
+	if s.hook != nil {
+		s.hook("loop")
+		defer s.hook("loop-end")
+	}
+	l.run(r)
+}
+
+// cmp is the first of its arguments that is set.
+func cmp(a, b time.Duration) time.Duration {
+	if a != 0 {
+		return a
+	}
+	return b
+}
+
+// loop serves one connection taken over from net/http: it reads a request, calls the mux,
+// writes the answer, on this goroutine, without net/http's background read and its hand-offs
+// between goroutines. It keeps the server's limits (header size and time, idle time, write
+// time); a request's body is bounded by its handler, as under net/http. StopWaiting closes
+// an idle connection at once and a busy one after its answer (which says Connection: close).
+type loop struct {
+	s                                        *Server
+	conn                                     net.Conn
+	src                                      *io.LimitedReader // bounds a request's header
+	br                                       *bufio.Reader
+	bw                                       *bufio.Writer
+	base                                     context.Context
+	idleTimeout, headerTimeout, writeTimeout time.Duration
+	maxHeader                                int
+
+	mu      sync.Mutex
+	idle    bool
+	closing bool
+}
+
+// longAgo is a deadline in the past: it ends a connection's pending read at once.
+var longAgo = time.Unix(1, 0)
+
+func (l *loop) stop() {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.closing = true
+	if l.idle {
+		_ = l.conn.SetReadDeadline(longAgo)
+	}
+}
+
+func (l *loop) run(first *http.Request) {
+	req := first
+	for {
+		keep, handed := l.serve(req)
+		if handed {
+			return // a parked waiter has the connection now
+		}
+		if !keep {
+			_ = l.conn.Close()
+			return
+		}
+		l.mu.Lock()
+		if l.closing {
+			l.mu.Unlock()
+			_ = l.conn.Close()
+			return
+		}
+		l.idle = true
+		_ = l.conn.SetReadDeadline(time.Now().Add(l.idleTimeout))
+		l.mu.Unlock()
+		l.src.N = int64(l.maxHeader) + 4096 // as net/http, some slack for the request line
+		_, err := l.br.Peek(1)
+		l.mu.Lock()
+		l.idle = false
+		closing := l.closing
+		l.mu.Unlock()
+		if err != nil || closing {
+			_ = l.conn.Close() // the client hung up, the idle time ran out, or the service stops
+			return
+		}
+		_ = l.conn.SetReadDeadline(time.Now().Add(l.headerTimeout))
+		req, err = http.ReadRequest(l.br)
+		l.src.N = math.MaxInt64 // the body is bounded by its handler
+		if err != nil {
+			l.refuse(err)
+			_ = l.conn.Close()
+			return
+		}
+		_ = l.conn.SetReadDeadline(time.Time{})
+	}
+}
+
+// refuse answers a request that could not be read, as net/http does, and the connection ends.
+func (l *loop) refuse(err error) {
+	if errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, net.ErrClosed) {
+		return
+	}
+	if ne := net.Error(nil); errors.As(err, &ne) && ne.Timeout() {
+		return
+	}
+	status := "400 Bad Request"
+	if l.src.N <= 0 {
+		status = "431 Request Header Fields Too Large"
+	}
+	_ = l.conn.SetWriteDeadline(time.Now().Add(time.Second))
+	_, _ = io.WriteString(l.conn, "HTTP/1.1 "+status+"\r\nContent-Type: text/plain; charset=utf-8\r\nConnection: close\r\n\r\n"+status)
+}
+
+// serve answers one request; it reports whether the connection may carry another, or that
+// a parked waiter took it over.
+func (l *loop) serve(r *http.Request) (keep, handed bool) {
+	ctx, cancel := context.WithCancel(l.base)
+	defer cancel()
+	r = r.WithContext(ctx)
+	r.RemoteAddr = l.conn.RemoteAddr().String()
+	if tc, ok := l.conn.(*tls.Conn); ok {
+		st := tc.ConnectionState()
+		r.TLS = &st
+	}
+	w := &loopWriter{header: http.Header{}, conn: l.conn, br: l.br, bw: l.bw}
+	l.s.mux.ServeHTTP(w, r)
+	if w.hijacked {
+		return false, true
+	}
+	// Nothing of the request may be left unread, or the next one would start inside it.
+	n, err := io.Copy(io.Discard, io.LimitReader(r.Body, 256<<10))
+	keep = err == nil && n < 256<<10 && !r.Close
+	l.mu.Lock()
+	keep = keep && !l.closing
+	l.mu.Unlock()
+	if w.status == 0 {
+		w.status = http.StatusOK
+	}
+	resp := &http.Response{StatusCode: w.status, ProtoMajor: 1, ProtoMinor: 1, Header: w.header, Request: r,
+		ContentLength: int64(w.body.Len()), Body: io.NopCloser(&w.body), Close: !keep}
+	if l.writeTimeout > 0 {
+		_ = l.conn.SetWriteDeadline(time.Now().Add(l.writeTimeout))
+	}
+	if resp.Write(l.bw) != nil || l.bw.Flush() != nil {
+		return false, false
+	}
+	return keep, false
+}
+
+// loopWriter holds a handler's answer until it returns, so that it is written with its length
+// in one piece.
+type loopWriter struct {
+	header   http.Header
+	status   int
+	body     bytes.Buffer
+	conn     net.Conn
+	br       *bufio.Reader
+	bw       *bufio.Writer
+	hijacked bool
+}
+
+func (w *loopWriter) Header() http.Header { return w.header }
+
+func (w *loopWriter) WriteHeader(status int) {
+	if w.status == 0 {
+		w.status = status
+	}
+}
+
+func (w *loopWriter) Write(b []byte) (int, error) {
+	if w.status == 0 {
+		w.status = http.StatusOK
+	}
+	return w.body.Write(b)
+}
+
+// Hijack hands the connection to a parked waiter; the loop ends.
+func (w *loopWriter) Hijack() (net.Conn, *bufio.ReadWriter, error) {
+	if w.status != 0 {
+		return nil, nil, errors.New("server: the answer has begun")
+	}
+	w.hijacked = true
+	return w.conn, bufio.NewReadWriter(w.br, w.bw), nil
+}

@@ -1,0 +1,164 @@
+package server_test
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"io"
+	"net"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/fenced-dev/fenced/backend/remote"
+	"github.com/fenced-dev/fenced/driver"
+	"github.com/fenced-dev/fenced/server"
+)
+
+// gatedDriver holds acquisitions of the resource gated until release is closed.
+type gatedDriver struct {
+	driver.Driver
+	gated   string
+	entered chan struct{}
+	release chan struct{}
+}
+
+func (g *gatedDriver) Acquire(ctx context.Context, resource, owner string, ttl time.Duration) (driver.Grant, error) {
+	if resource == g.gated {
+		close(g.entered)
+		<-g.release
+	}
+	return g.Driver.Acquire(ctx, resource, owner, ttl)
+}
+
+// loopService runs the service with SyncConnections the way fenced serve does, and returns
+// its address and the events of its loops.
+func loopService(t *testing.T, drv driver.Driver) (*server.Server, *http.Server, string, chan string) {
+	s, err := server.New(newStore(t, drv), &server.Options{SyncConnections: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	events := make(chan string, 16)
+	server.SetHook(s, func(e string) {
+		if strings.HasPrefix(e, "loop") {
+			events <- e
+		}
+	})
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	hs := &http.Server{Handler: s.Handler(), ReadHeaderTimeout: 10 * time.Second, IdleTimeout: time.Minute}
+	served := make(chan error, 1)
+	go func() { served <- hs.Serve(ln) }()
+	t.Cleanup(func() {
+		s.StopWaiting()
+		_ = hs.Close()
+		if err := <-served; !errors.Is(err, http.ErrServerClosed) {
+			t.Errorf("serve: %v", err)
+		}
+		if err := s.WaitAnswered(testCtx(t)); err != nil {
+			t.Errorf("wait for the loops: %v", err)
+		}
+	})
+	return s, hs, ln.Addr().String(), events
+}
+
+// A graceful shutdown with one looped connection idle and one in flight: the idle one is
+// closed at once, the one in flight gets its answer, and WaitAnswered waits for it.
+func TestLoopShutdown(t *testing.T) {
+	g := &gatedDriver{Driver: sqliteBacking(t).open(t), gated: "busy ü", entered: make(chan struct{}), release: make(chan struct{})}
+	s, hs, addr, events := loopService(t, g)
+	ctx := testCtx(t)
+	idle, busy := syncClient(t, addr, ""), syncClient(t, addr, "")
+	for _, c := range []struct {
+		d        *remote.Driver
+		resource string
+	}{{idle, "idle ü"}, {busy, "busy ü"}} {
+		if err := c.d.Provision(ctx, c.resource); err != nil {
+			t.Fatal(err)
+		}
+		if got := <-events; got != "loop" {
+			t.Fatalf("event %q, want loop", got)
+		}
+	}
+	for range 3 { // on the loop, the same connection
+		if _, err := idle.Read(ctx, "idle ü"); err != nil {
+			t.Fatal(err)
+		}
+	}
+	select {
+	case e := <-events:
+		t.Fatalf("event %q: the loop did not keep the connection", e)
+	default:
+	}
+	acquired := make(chan error, 1)
+	go func() {
+		_, err := busy.Acquire(ctx, "busy ü", "owner ü", time.Minute)
+		acquired <- err
+	}()
+	<-g.entered
+	s.StopWaiting()
+	if err := hs.Shutdown(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if got := <-events; got != "loop-end" { // the idle connection's, while the other is held
+		t.Fatalf("event %q, want loop-end", got)
+	}
+	answered := make(chan error, 1)
+	go func() { answered <- s.WaitAnswered(ctx) }()
+	select {
+	case err := <-answered:
+		t.Fatalf("WaitAnswered returned (%v) while a request was in flight on a loop", err)
+	case err := <-acquired:
+		t.Fatalf("the held acquisition returned (%v) before its release", err)
+	default:
+	}
+	close(g.release)
+	if err := <-acquired; err != nil {
+		t.Fatalf("the acquisition in flight at shutdown: %v", err)
+	}
+	if err := <-answered; err != nil {
+		t.Fatalf("WaitAnswered: %v", err)
+	}
+	if _, err := idle.Read(ctx, "idle ü"); err == nil {
+		t.Error("a request after the shutdown was answered")
+	}
+}
+
+// A request the loop cannot parse is answered 400 and the connection ends, as net/http does.
+func TestLoopMalformedRequest(t *testing.T) {
+	_, _, addr, events := loopService(t, sqliteBacking(t).open(t))
+	c, err := net.Dial("tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	br := bufio.NewReader(c)
+	if _, err := io.WriteString(c, "GET /healthz HTTP/1.1\r\nHost: x\r\n"+server.HeaderSyncConnection+": sync\r\n\r\n"); err != nil {
+		t.Fatal(err)
+	}
+	resp, err := http.ReadResponse(br, nil)
+	if err != nil || resp.StatusCode != http.StatusOK {
+		t.Fatalf("first request: %v %v", resp, err)
+	}
+	_, _ = io.Copy(io.Discard, resp.Body)
+	if got := <-events; got != "loop" {
+		t.Fatalf("event %q, want loop", got)
+	}
+	if _, err := io.WriteString(c, "GET /healthz HTTP/1.1\r\nHost x\x00\r\n\r\n"); err != nil {
+		t.Fatal(err)
+	}
+	resp, err = http.ReadResponse(br, nil)
+	if err != nil || resp.StatusCode != http.StatusBadRequest || !resp.Close {
+		t.Fatalf("malformed request: got %v %v, want 400 and Connection: close", resp, err)
+	}
+	_, _ = io.Copy(io.Discard, resp.Body)
+	if n, err := br.Read(make([]byte, 1)); n != 0 || err == nil {
+		t.Fatalf("after the 400 the connection is still open (%d, %v)", n, err)
+	}
+	if got := <-events; got != "loop-end" {
+		t.Fatalf("event %q, want loop-end", got)
+	}
+}
