@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/fenced-dev/fenced"
 	"github.com/fenced-dev/fenced/backend/remote"
 	"github.com/fenced-dev/fenced/driver"
 	"github.com/fenced-dev/fenced/server"
@@ -161,4 +162,26 @@ func TestLoopMalformedRequest(t *testing.T) {
 	if got := <-events; got != "loop-end" {
 		t.Fatalf("event %q, want loop-end", got)
 	}
+}
+
+// A waiting acquisition on a looped connection is parked as on net/http's: the loop hands
+// the connection over and the waiter is granted at the release.
+func TestLoopWaiterParked(t *testing.T) {
+	ps := newParkedServiceWith(t, &server.Options{SyncConnections: true})
+	holder := ps.hold(t)
+	client, err := fenced.New(testCtx(t), syncClient(t, ps.h.addr, ""), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ps.event(t, "loop") // the client's first request
+	got := remoteWaiter(t, client, testCtx(t), fenced.AsOwner("looped waiter ü"))
+	ps.event(t, "parked")
+	ps.event(t, "loop-end") // handed over, not closed
+	if err := holder.Release(testCtx(t)); err != nil {
+		t.Fatal(err)
+	}
+	if r := <-got; r.err != nil || r.lease.Generation() != holder.Generation()+1 {
+		t.Fatalf("the looped waiter: %v, %v", r.lease, r.err)
+	}
+	ps.event(t, "answered")
 }

@@ -49,6 +49,11 @@ const parkedResource = "parked wait ü"
 
 func newParkedService(t *testing.T) *parkedService {
 	t.Helper()
+	return newParkedServiceWith(t, nil)
+}
+
+func newParkedServiceWith(t *testing.T, opts *server.Options) *parkedService {
+	t.Helper()
 	g := &gated{Driver: sqliteBacking(t).open(t), attempting: make(chan struct{}), open: make(chan struct{})}
 	// Polling hourly: only a release through the service wakes a waiter.
 	store, err := fenced.New(testCtx(t), g, &fenced.Config{WaitPollMin: time.Hour, WaitPollMax: time.Hour})
@@ -56,7 +61,7 @@ func newParkedService(t *testing.T) *parkedService {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = store.Close() })
-	srv, err := server.New(store, nil)
+	srv, err := server.New(store, opts)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -328,7 +328,8 @@ func (ps *parkedSet) done() {
 }
 
 // WaitAnswered returns once every waiting acquisition whose connection the service took over
-// from net/http has been answered, or when ctx ends (with its error). http.Server.Shutdown
+// from net/http has been answered, and every connection served by the loop
+// (Options.SyncConnections) has ended, or when ctx ends (with its error). http.Server.Shutdown
 // does not wait for those connections; a graceful shutdown calls StopWaiting, then Shutdown,
 // then WaitAnswered.
 func (s *Server) WaitAnswered(ctx context.Context) error {
