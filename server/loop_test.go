@@ -3,10 +3,13 @@ package server_test
 import (
 	"bufio"
 	"context"
+	"crypto/tls"
+	"crypto/x509"
 	"errors"
 	"io"
 	"net"
 	"net/http"
+	"net/http/httptest"
 	"strings"
 	"testing"
 	"time"
@@ -184,4 +187,52 @@ func TestLoopWaiterParked(t *testing.T) {
 		t.Fatalf("the looped waiter: %v, %v", r.lease, r.err)
 	}
 	ps.event(t, "answered")
+}
+
+// Over TLS the loop serves the connection as over TCP: one connection, taken over once, for
+// every request of the client.
+func TestLoopTLS(t *testing.T) {
+	s, err := server.New(newStore(t, sqliteBacking(t).open(t)), &server.Options{SyncConnections: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	events := make(chan string, 16)
+	server.SetHook(s, func(e string) { events <- e })
+	srv := httptest.NewUnstartedServer(s.Handler())
+	srv.StartTLS()
+	t.Cleanup(func() {
+		s.StopWaiting()
+		srv.Close()
+		if err := s.WaitAnswered(testCtx(t)); err != nil {
+			t.Errorf("wait for the loops: %v", err)
+		}
+	})
+	roots := x509.NewCertPool()
+	roots.AddCert(srv.Certificate())
+	d, err := remote.Open(srv.URL, &remote.Options{SyncTransport: true, TLS: &tls.Config{RootCAs: roots}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = d.Close() })
+	ctx := testCtx(t)
+	if err := d.Provision(ctx, "tls ü"); err != nil {
+		t.Fatal(err)
+	}
+	for range 3 {
+		g, err := d.Acquire(ctx, "tls ü", "owner ü", time.Minute)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := d.Release(ctx, driver.LeaseRef{Resource: "tls ü", Owner: "owner ü", Epoch: g.Epoch, Generation: g.Generation}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if got := <-events; got != "loop" {
+		t.Fatalf("event %q, want loop", got)
+	}
+	select {
+	case e := <-events:
+		t.Fatalf("event %q: the loop did not keep the TLS connection", e)
+	default:
+	}
 }
