@@ -5,8 +5,11 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
+	"strconv"
 	"strings"
+	"syscall"
 	"testing"
+	"time"
 )
 
 // The network namespaces of the tests' own, shared by the servers they run behind a link the
@@ -99,4 +102,54 @@ func newNetnsLink(t *testing.T) netnsLink {
 // in prefixes a command so that it runs in the namespace.
 func (l netnsLink) in(argv ...string) []string {
 	return append([]string{l.ip, "netns", "exec", l.ns}, argv...)
+}
+
+// crash is a shell command that kills (-9) every process in the namespace, the server there
+// crashing at once, and waits until they are gone, reaped too: a postmaster that finds the
+// pid of its lock file alive (a zombie) refuses to start.
+func (l netnsLink) crash() string {
+	return fmt.Sprintf(`ps=$(%s); [ -z "$ps" ] || kill -9 $ps; for p in $ps; do while kill -0 "$p" 2>/dev/null; do sleep 0.05; done; done`,
+		shellJoin([]string{l.ip, "netns", "pids", l.ns}))
+}
+
+// pids lists the processes in the namespace.
+func (l netnsLink) pids(t *testing.T) []int {
+	t.Helper()
+	out, err := exec.Command(l.ip, "netns", "pids", l.ns).Output()
+	if err != nil {
+		t.Fatalf("ip netns pids %s: %v", l.ns, err)
+	}
+	var pids []int
+	for _, f := range strings.Fields(string(out)) {
+		p, err := strconv.Atoi(f)
+		if err != nil {
+			t.Fatalf("ip netns pids %s: %q", l.ns, out)
+		}
+		pids = append(pids, p)
+	}
+	return pids
+}
+
+// stopAll stops (SIGTERM) every process in the namespace and waits up to 30s for them to exit.
+func (l netnsLink) stopAll(t *testing.T) {
+	t.Helper()
+	for _, p := range l.pids(t) {
+		_ = syscall.Kill(p, syscall.SIGTERM)
+	}
+	for deadline := time.Now().Add(30 * time.Second); len(l.pids(t)) > 0; {
+		if time.Now().After(deadline) {
+			t.Errorf("processes left in the namespace %s 30s after SIGTERM", l.ns)
+			return
+		}
+		time.Sleep(50 * time.Millisecond) // polling the processes' exit
+	}
+}
+
+// shellJoin quotes argv for sh -c.
+func shellJoin(argv []string) string {
+	q := make([]string, len(argv))
+	for i, a := range argv {
+		q[i] = "'" + strings.ReplaceAll(a, "'", `'\''`) + "'"
+	}
+	return strings.Join(q, " ")
 }

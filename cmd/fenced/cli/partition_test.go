@@ -86,6 +86,15 @@ var netnsServers = []struct {
 // ip or the server binaries.
 func netnsPostgres(t *testing.T) (url, dev string) {
 	t.Helper()
+	url, dev, _ = netnsPostgresRestart(t)
+	return url, dev
+}
+
+// netnsPostgresRestart is netnsPostgres with a --restart-cmd that crashes the server (kill -9
+// of every process in its namespace: the postmaster and its backends at once) and starts it
+// again from its data directory, which replays its WAL.
+func netnsPostgresRestart(t *testing.T) (url, dev, restart string) {
+	t.Helper()
 	l := newNetnsLink(t) // first: its cleanup runs after the server's stop
 	s := newPGServers(t)
 	s.in, s.host = l.in(), l.addr
@@ -101,8 +110,10 @@ func netnsPostgres(t *testing.T) (url, dev string) {
 	if err := hba.Close(); err != nil {
 		t.Fatal(err)
 	}
-	p.startWith("-c shared_buffers=16MB -c max_connections=200")
-	return p.URL(), l.dev
+	const options = "-c shared_buffers=16MB -c max_connections=200"
+	p.startWith(options)
+	start := append(append(append([]string{}, s.in...), s.as...), filepath.Join(s.bin, "pg_ctl"))
+	return p.URL(), l.dev, l.crash() + "; " + shellJoin(append(start, p.startArgs(options)...))
 }
 
 // netnsMariaDB starts a MariaDB server of the test's own (startMariaDBIn) in a network
@@ -110,10 +121,32 @@ func netnsPostgres(t *testing.T) (url, dev string) {
 // of the veth to it.
 func netnsMariaDB(t *testing.T) (url, dev string) {
 	t.Helper()
+	url, dev, _ = netnsMariaDBRestart(t)
+	return url, dev
+}
+
+// netnsMariaDBRestart is netnsMariaDB with a --restart-cmd that crashes the server (kill -9 of
+// mariadbd, the one process in its namespace) and starts it again, from its data directory,
+// with the command line it was started with (read from /proc), which recovers InnoDB's log.
+func netnsMariaDBRestart(t *testing.T) (url, dev, restart string) {
+	t.Helper()
 	l := newNetnsLink(t)
 	port, root, _ := startMariaDBIn(t, l)
 	mustExec(t, root, "CREATE DATABASE fenced_torture")
-	return fmt.Sprintf("mysql://root@%s/fenced_torture", net.JoinHostPort(l.addr, strconv.Itoa(port))), l.dev
+	pids := l.pids(t)
+	if len(pids) != 1 {
+		t.Fatalf("%d processes in the server's namespace %s, want mariadbd alone", len(pids), l.ns)
+	}
+	cmdline, err := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pids[0]))
+	if err != nil {
+		t.Fatal(err)
+	}
+	argv := l.in(strings.Split(strings.TrimSuffix(string(cmdline), "\x00"), "\x00")...)
+	// A server the restart started is no child of the test's: stopped here, before
+	// startMariaDBIn's stop (which finds its own process gone) and the removal of its directory.
+	t.Cleanup(func() { l.stopAll(t) })
+	restart = l.crash() + "; " + shellJoin(argv) + " >/dev/null 2>&1 &"
+	return fmt.Sprintf("mysql://root@%s/fenced_torture", net.JoinHostPort(l.addr, strconv.Itoa(port))), l.dev, restart
 }
 
 // linkUp reports whether the interface is up.

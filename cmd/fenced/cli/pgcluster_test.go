@@ -131,8 +131,13 @@ func (p pgServer) start() { p.s.t.Helper(); p.startWith("") }
 func (p pgServer) startWith(options string) {
 	p.s.t.Helper()
 	p.s.runs = append(p.s.runs, p.data())
-	p.s.exec("pg_ctl", "-D", p.data(), "-l", p.data()+".log", "-w", "-t", "60", "start", "-o",
-		fmt.Sprintf("-p %d -c listen_addresses=%s -c unix_socket_directories=%s %s", p.port, p.s.host, p.s.dir, options))
+	p.s.exec("pg_ctl", p.startArgs(options)...)
+}
+
+// startArgs are pg_ctl's arguments that start the server.
+func (p pgServer) startArgs(options string) []string {
+	return []string{"-D", p.data(), "-l", p.data() + ".log", "-w", "-t", "60", "start", "-o",
+		fmt.Sprintf("-p %d -c listen_addresses=%s -c unix_socket_directories=%s %s", p.port, p.s.host, p.s.dir, options)}
 }
 
 func (p pgServer) stop() {
