@@ -30,6 +30,7 @@ var serveHooks struct {
 type serveFlags struct {
 	listen, tokens, cert, key string
 	insecure, logRequests     bool
+	syncConnections           bool
 }
 
 func (a *app) serveCmd() *cobra.Command {
@@ -57,6 +58,7 @@ The first line on stdout is {"listening": URL} once the service accepts connecti
 	cmd.Flags().StringVar(&f.cert, "tls-cert", "", "TLS certificate file (PEM), with --tls-key")
 	cmd.Flags().StringVar(&f.key, "tls-key", "", "TLS private key file (PEM), with --tls-cert")
 	cmd.Flags().BoolVar(&f.insecure, "insecure", false, "allow plain HTTP on an address beyond loopback")
+	cmd.Flags().BoolVar(&f.syncConnections, "sync-connections", false, "serve the connection of a client that asks for it (the Go remote driver's SyncTransport) on one goroutine: fewer hand-offs per request (docs/SERVICE.md)")
 	cmd.Flags().BoolVar(&f.logRequests, "log-requests", false, "log every request (request id, operation, status, outcome, duration) on stderr; failures are always logged")
 	return cmd
 }
@@ -89,7 +91,8 @@ func (a *app) serve(cmd *cobra.Command, f serveFlags) error {
 	if f.logRequests {
 		level = slog.LevelDebug
 	}
-	opts := &server.Options{Logger: slog.New(slog.NewTextHandler(a.stderr, &slog.HandlerOptions{Level: level}))}
+	opts := &server.Options{Logger: slog.New(slog.NewTextHandler(a.stderr, &slog.HandlerOptions{Level: level})),
+		SyncConnections: f.syncConnections}
 	if f.tokens != "" {
 		file, err := os.Open(f.tokens)
 		if err != nil {

@@ -19,6 +19,7 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -291,4 +292,53 @@ func TestTortureThroughService(t *testing.T) {
 		t.Fatalf("fenced torture through the service: exit %d, want 0 and no violations", code)
 	}
 	checkTortured(t, out, "pause", "kill", "drop-reply")
+}
+
+// TestServeSyncConnections: with --sync-connections a client on the remote driver's
+// SyncTransport has its connection served by the loop after its first request, so the
+// http.Server sees that connection become active once; without the flag it sees every request
+// (the control). The cycle runs after an epoch bump, on a name with a space and a non-ASCII
+// letter and a payload with a NUL byte.
+func TestServeSyncConnections(t *testing.T) {
+	for _, tc := range []struct {
+		name     string
+		flags    []string
+		oneStart bool
+	}{{"with the flag", []string{"--sync-connections"}, true}, {"without it", nil, false}} {
+		t.Run(tc.name, func(t *testing.T) {
+			var active atomic.Int64
+			t.Cleanup(cli.SetServeHooks(func() { active.Add(1) }, func() {}))
+			s := startService(t, append([]string{"--db", "sqlite:" + filepath.Join(t.TempDir(), "s.db")}, tc.flags...)...)
+			store, err := fenced.New(context.Background(), mustRemote(t, s.url, &remote.Options{SyncTransport: true}), nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer store.Close()
+			ctx := context.Background()
+			if _, err := store.BumpEpoch(ctx); err != nil {
+				t.Fatal(err)
+			}
+			if err := store.Provision(ctx, "r ü"); err != nil {
+				t.Fatal(err)
+			}
+			for range 3 {
+				l, err := store.Acquire(ctx, "r ü", time.Minute)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if l.Token().Epoch == l.Token().Generation {
+					t.Fatalf("token %s: the epoch bump did not take", l.Token())
+				}
+				if err := l.PublishAndRelease(ctx, []byte("a\x00b")); err != nil {
+					t.Fatal(err)
+				}
+			}
+			if got, _, err := store.Get(ctx, "r ü"); err != nil || string(got) != "a\x00b" {
+				t.Fatalf("published %q, %v", got, err)
+			}
+			if n := active.Load(); (n == 1) != tc.oneStart {
+				t.Errorf("the http.Server saw a connection become active %d times", n)
+			}
+		})
+	}
 }
