@@ -202,6 +202,9 @@ func (l *loop) serve(r *http.Request) (keep, handed bool) {
 	if w.status == 0 {
 		w.status = http.StatusOK
 	}
+	if _, ok := w.header["Date"]; !ok { // as net/http: an origin server with a clock sends one
+		w.header.Set("Date", time.Now().UTC().Format(http.TimeFormat))
+	}
 	resp := &http.Response{StatusCode: w.status, ProtoMajor: 1, ProtoMinor: 1, Header: w.header, Request: r,
 		ContentLength: int64(w.body.Len()), Body: io.NopCloser(&w.body), Close: !keep}
 	if l.writeTimeout > 0 {

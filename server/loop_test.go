@@ -151,6 +151,18 @@ func TestLoopMalformedRequest(t *testing.T) {
 	if got := <-events; got != "loop" {
 		t.Fatalf("event %q, want loop", got)
 	}
+	// An answer of the loop's carries a Date, as net/http's do.
+	if _, err := io.WriteString(c, "GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n"); err != nil {
+		t.Fatal(err)
+	}
+	resp, err = http.ReadResponse(br, nil)
+	if err != nil || resp.StatusCode != http.StatusOK {
+		t.Fatalf("second request: %v %v", resp, err)
+	}
+	_, _ = io.Copy(io.Discard, resp.Body)
+	if _, err := http.ParseTime(resp.Header.Get("Date")); err != nil {
+		t.Errorf("the loop's answer has no valid Date: %q", resp.Header.Get("Date"))
+	}
 	if _, err := io.WriteString(c, "GET /healthz HTTP/1.1\r\nHost x\x00\r\n\r\n"); err != nil {
 		t.Fatal(err)
 	}
