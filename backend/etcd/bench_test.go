@@ -46,11 +46,12 @@ func (r raw) Acquire(ctx context.Context, resource, owner string, ttl time.Durat
 	}
 	gen, owner0, ek := kv(read, 0), kv(read, 1), kv(read, 2)
 	epoch, _ := decodeGen(ek.value)
-	rowEpoch, g, err := decodeToken(gen.value)
+	row, err := decodeHeld(gen.value)
 	if err != nil {
 		return driver.Grant{}, false, err
 	}
-	if owner0 != nil && rowEpoch == epoch {
+	g := row.gen
+	if owner0 != nil && row.epoch == epoch {
 		return driver.Grant{}, false, nil
 	}
 	free := clientv3.Compare(clientv3.CreateRevision(k.owner), "=", 0)
@@ -65,10 +66,8 @@ func (r raw) Acquire(ctx context.Context, resource, owner string, ttl time.Durat
 	resp, err := r.cli.Txn(ctx).
 		If(clientv3.Compare(clientv3.ModRevision(k.gen), "=", gen.modRevision),
 			clientv3.Compare(clientv3.Value(d.epochKey()), "=", encodeGen(epoch)), free).
-		Then(clientv3.OpPut(k.gen, encodeToken(epoch, g+1)),
-			clientv3.OpPut(k.owner, owner, clientv3.WithLease(lease.ID)),
-			clientv3.OpPut(k.holder, owner),
-			clientv3.OpPut(k.until, encodeTime(sent.Add(time.Duration(lease.TTL)*time.Second)))).
+		Then(clientv3.OpPut(k.gen, encodeHeld(epoch, g+1, owner, sent.Add(time.Duration(lease.TTL)*time.Second))),
+			clientv3.OpPut(k.owner, owner, clientv3.WithLease(lease.ID))).
 		Commit()
 	if err != nil || !resp.Succeeded {
 		_, _ = r.cli.Revoke(ctx, lease.ID)
@@ -85,14 +84,13 @@ func (r raw) publish(ctx context.Context, l driver.LeaseRef, p driver.Publicatio
 		clientv3.OpPut(d.opKey(p.OpID), encodeOp(driver.Operation{Outcome: driver.OutcomeAccepted,
 			Resource: l.Resource, Epoch: l.Epoch, Generation: l.Generation, RecordedAt: now}))}
 	if release {
-		then = append(then, releaseOps(k)...)
+		then = append(then, releaseOps(k, l)...)
 	}
 	resp, err := r.cli.Txn(ctx).
-		If(clientv3.Compare(clientv3.Value(k.gen), "=", encodeToken(l.Epoch, l.Generation)),
-			clientv3.Compare(clientv3.Value(d.epochKey()), "=", encodeGen(l.Epoch)),
+		If(append(holderIs(k, l), clientv3.Compare(clientv3.Value(d.epochKey()), "=", encodeGen(l.Epoch)),
 			clientv3.Compare(clientv3.Value(k.owner), "=", l.Owner),
 			clientv3.Compare(clientv3.Value(k.pub), "<", encodeGen(l.Generation)),
-			clientv3.Compare(clientv3.CreateRevision(d.opKey(p.OpID)), "=", 0)).
+			clientv3.Compare(clientv3.CreateRevision(d.opKey(p.OpID)), "=", 0))...).
 		Then(then...).
 		Commit()
 	if err != nil || !resp.Succeeded {
@@ -121,10 +119,8 @@ func (r raw) PublishAndRelease(ctx context.Context, l driver.LeaseRef, p driver.
 func (r raw) Release(ctx context.Context, l driver.LeaseRef) (bool, error) {
 	d, k := r.d(), r.d().keys(l.Resource)
 	resp, err := r.cli.Txn(ctx).
-		If(clientv3.Compare(clientv3.Value(k.gen), "=", encodeToken(l.Epoch, l.Generation)),
-			clientv3.Compare(clientv3.Value(d.epochKey()), "=", encodeGen(l.Epoch)),
-			clientv3.Compare(clientv3.Value(k.holder), "=", l.Owner)).
-		Then(releaseOps(k)...).
+		If(append(holderIs(k, l), clientv3.Compare(clientv3.Value(d.epochKey()), "=", encodeGen(l.Epoch)))...).
+		Then(releaseOps(k, l)...).
 		Commit()
 	if err != nil || !resp.Succeeded {
 		return false, err

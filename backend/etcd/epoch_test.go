@@ -209,7 +209,7 @@ func TestMigrateRefusesNewerSchema(t *testing.T) {
 	if resp, err := d.cli.Get(ctx, d.epochKey()); err != nil || string(resp.Kvs[0].Value) != encodeGen(e) {
 		t.Fatalf("epoch after a second Migrate: %v, %v", resp, err)
 	}
-	if _, err := d.cli.Put(ctx, d.schemaKey(), "3"); err != nil {
+	if _, err := d.cli.Put(ctx, d.schemaKey(), "4"); err != nil {
 		t.Fatal(err)
 	}
 	if err := d.Migrate(ctx); err == nil {

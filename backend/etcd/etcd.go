@@ -42,6 +42,17 @@
 // when absent. Operation records carry the recording client's clock (etcd has none), and
 // PruneOperations judges their age by the pruning client's clock. keys.go lists every key.
 //
+// # Layout version 3
+//
+// Version 3 keeps the holder and the informational expiry inside the gen key's value, after the
+// token (keys.go), where version 2 had two more keys: an acquire+release pair writes gen and
+// owner and then deletes owner and puts gen back, 3 puts and 1 delete where version 2 did 4 and
+// 3 (TestPairReadsNothingThroughRaft counts them). Migrate folds a version 2 store in place,
+// one Txn per resource pinned on the mod revisions of the keys it folds (migrate.go); a lease
+// held across it stays held by its owner, on its etcd lease. Stop every client running an older
+// fenced first: a version 2 driver refuses a folded gen key (its Txns compare gen with the bare
+// token, and it cannot decode the value), so it fails closed, but it does not stop.
+//
 // # Unknown outcomes
 //
 // An error is reported as not applied (driver.ErrNotApplied) only when the Txn never left the
@@ -229,13 +240,14 @@ func (d *Driver) Close() error {
 }
 
 // schemaVersion is the key layout this driver reads and writes (keys.go). Version 2 added the
-// epoch, the token in the gen key, source versions and operation records; a store written by
+// epoch, the token in the gen key, source versions and operation records; version 3 folded the
+// holder and until keys into gen (Migrate converts a version 2 store); a store written by
 // version 1 (before epochs) is not converted.
-const schemaVersion = 2
+const schemaVersion = 3
 
 // Migrate creates the epoch key at this client's clock in microseconds and records the layout
-// version where they are absent,
-// each in a Txn that never changes an existing key, and refuses a store that a newer layout
+// version where they are absent, each in a Txn that never changes an existing key, folds a
+// version 2 store into version 3 (fold, migrate.go), and refuses a store that a newer layout
 // wrote.
 func (d *Driver) Migrate(ctx context.Context) error {
 	if _, err := d.txn(ctx, "create epoch",
@@ -253,6 +265,9 @@ func (d *Driver) Migrate(ctx context.Context) error {
 	v, err := strconv.Atoi(string(kv(resp, 0).value))
 	if err != nil || v > schemaVersion {
 		return fmt.Errorf("check schema: %s holds %q; this driver knows version %d", d.schemaKey(), kv(resp, 0).value, schemaVersion)
+	}
+	if v == 2 {
+		return d.fold(ctx)
 	}
 	return nil
 }
@@ -272,45 +287,35 @@ func (d *Driver) Provision(ctx context.Context, resource string) error {
 type leaseSnapshot struct {
 	gen   *kvPair // nil: not provisioned
 	owner *kvPair // nil: no unexpired lease
-	until *kvPair
 	epoch *kvPair // the store's epoch; nil: not migrated
 }
 
 func (d *Driver) readLeaseOps(k keys) []clientv3.Op {
-	return []clientv3.Op{clientv3.OpGet(k.gen), clientv3.OpGet(k.owner), clientv3.OpGet(k.until),
-		clientv3.OpGet(d.epochKey())}
+	return []clientv3.Op{clientv3.OpGet(k.gen), clientv3.OpGet(k.owner), clientv3.OpGet(d.epochKey())}
 }
 
 func leaseSnapshotAt(resp *clientv3.TxnResponse, first int) leaseSnapshot {
-	return leaseSnapshot{gen: kv(resp, first), owner: kv(resp, first+1), until: kv(resp, first+2),
-		epoch: kv(resp, first+3)}
+	return leaseSnapshot{gen: kv(resp, first), owner: kv(resp, first+1), epoch: kv(resp, first+2)}
 }
 
-// decode returns the store's epoch and the row's token. A missing epoch key is an error: no
+// decode returns the store's epoch and the row's gen value. A missing epoch key is an error: no
 // operation guesses an epoch.
-func (s leaseSnapshot) decode() (current, rowEpoch, gen int64, err error) {
+func (s leaseSnapshot) decode() (current int64, row heldValue, err error) {
 	if s.epoch == nil {
-		return 0, 0, 0, errNoEpoch
+		return 0, row, errNoEpoch
 	}
 	if current, err = decodeGen(s.epoch.value); err != nil {
-		return 0, 0, 0, err
+		return 0, row, err
 	}
-	rowEpoch, gen, err = decodeToken(s.gen.value)
-	return current, rowEpoch, gen, err
+	row, err = decodeHeld(s.gen.value)
+	return current, row, err
 }
 
 var errNoEpoch = errors.New("the epoch key is missing; run Migrate")
 
 // busy builds the refusal of an acquisition from a snapshot that shows a current lease.
-func (s leaseSnapshot) busy(rowEpoch, gen int64) error {
-	b := &driver.BusyError{Epoch: rowEpoch, Generation: gen}
-	if s.until != nil {
-		var err error
-		if b.LeaseUntil, err = decodeTime(s.until.value); err != nil {
-			return err
-		}
-	}
-	return b
+func busy(row heldValue) error {
+	return &driver.BusyError{Epoch: row.epoch, Generation: row.gen, LeaseUntil: row.until}
 }
 
 // Acquire reads the resource and the epoch (one linearizable read; skipped when this driver
@@ -323,7 +328,7 @@ func (s leaseSnapshot) busy(rowEpoch, gen int64) error {
 //	                                             the previous etcd lease ran out)
 //	  or gen < token(E, 0)                      (the lease, if any, is from an earlier epoch:
 //	                                             the bump that ended it freed it)
-//	Then gen = token(E, read+1), owner = id WITH the etcd lease, holder = id, until
+//	Then gen = token(E, read+1) id NUL until, owner = id WITH the etcd lease
 //
 // and, when the Txn fails, reads the snapshot again and retries from it.
 //
@@ -333,6 +338,9 @@ func (s leaseSnapshot) busy(rowEpoch, gen int64) error {
 // etcd. A current owner key seen in the read already answers busy: that linearizable read is a
 // moment at which the lease was held.
 func (d *Driver) Acquire(ctx context.Context, resource, owner string, ttl time.Duration) (driver.Grant, error) {
+	if err := checkOwner(owner); err != nil {
+		return driver.Grant{}, err
+	}
 	k := d.keys(resource)
 	// Until the deciding Txn is sent nothing of the resource has changed, so every error
 	// before it is "not applied". The snapshot is the one this driver cached, if any (see
@@ -349,13 +357,14 @@ func (d *Driver) Acquire(ctx context.Context, resource, owner string, ttl time.D
 	if snap.gen == nil {
 		return driver.Grant{}, driver.ErrNotFound
 	}
-	epoch, rowEpoch, gen, err := snap.decode()
+	epoch, row, err := snap.decode()
 	if err != nil {
 		return driver.Grant{}, driver.NotApplied(fmt.Errorf("acquire: %w", err))
 	}
-	if snap.owner != nil && rowEpoch == epoch {
-		return driver.Grant{}, snap.busy(rowEpoch, gen)
+	if snap.owner != nil && row.epoch == epoch {
+		return driver.Grant{}, busy(row)
 	}
+	gen := row.gen
 
 	// A lease of ahead.go in its window (ok), else one of the reuse pool kept alive once or a
 	// fresh grant (reuse.go).
@@ -397,10 +406,8 @@ func (d *Driver) Acquire(ctx context.Context, resource, owner string, ttl time.D
 		resp, err := d.txn(ctx, "acquire",
 			[]clientv3.Cmp{clientv3.Compare(clientv3.ModRevision(k.gen), "=", snap.gen.modRevision),
 				clientv3.Compare(clientv3.Value(d.epochKey()), "=", encodeGen(epoch)), free},
-			[]clientv3.Op{clientv3.OpPut(k.gen, encodeToken(epoch, gen+1)),
-				clientv3.OpPut(k.owner, owner, clientv3.WithLease(lease.id)),
-				clientv3.OpPut(k.holder, owner),
-				clientv3.OpPut(k.until, encodeTime(until))},
+			[]clientv3.Op{clientv3.OpPut(k.gen, encodeHeld(epoch, gen+1, owner, until)),
+				clientv3.OpPut(k.owner, owner, clientv3.WithLease(lease.id))},
 			nil)
 		if err != nil && leaseGone(err) && !d.ahead.reuse.goneIsError {
 			// etcd expired the lease after its grant or keepalive was answered and before
@@ -442,12 +449,13 @@ func (d *Driver) Acquire(ctx context.Context, resource, owner string, ttl time.D
 		if snap.gen == nil {
 			return driver.Grant{}, driver.ErrNotFound
 		}
-		if epoch, rowEpoch, gen, err = snap.decode(); err != nil {
+		if epoch, row, err = snap.decode(); err != nil {
 			return driver.Grant{}, driver.NotApplied(fmt.Errorf("acquire: %w", err))
 		}
-		if snap.owner != nil && rowEpoch == epoch {
-			return driver.Grant{}, snap.busy(rowEpoch, gen)
+		if snap.owner != nil && row.epoch == epoch {
+			return driver.Grant{}, busy(row)
 		}
+		gen = row.gen
 		// Another owner acquired and already released since our read, or the epoch moved:
 		// try again from what etcd just returned.
 	}
@@ -455,24 +463,35 @@ func (d *Driver) Acquire(ctx context.Context, resource, owner string, ttl time.D
 }
 
 // holds are the compares that a lease-carrying Txn shares: the gen key holds this lease's
-// token and the store's epoch is still the lease's, so a bump fences every earlier lease
-// without touching its keys. who is the owner key (unexpired) or the holder key (expired or
-// not).
-func (d *Driver) holds(k keys, l driver.LeaseRef, who string) []clientv3.Cmp {
-	return []clientv3.Cmp{
-		clientv3.Compare(clientv3.Value(k.gen), "=", encodeToken(l.Epoch, l.Generation)),
-		clientv3.Compare(clientv3.Value(d.epochKey()), "=", encodeGen(l.Epoch)),
-		clientv3.Compare(clientv3.Value(who), "=", l.Owner),
+// token and owner (holderIs) and the store's epoch is still the lease's, so a bump fences every
+// earlier lease without touching its keys; with unexpired, the owner key (alive only while its
+// etcd lease is) is the lease's owner too. A released lease fails: its gen is the bare token.
+func (d *Driver) holds(k keys, l driver.LeaseRef, unexpired bool) []clientv3.Cmp {
+	cmps := append(holderIs(k, l), clientv3.Compare(clientv3.Value(d.epochKey()), "=", encodeGen(l.Epoch)))
+	if unexpired {
+		cmps = append(cmps, clientv3.Compare(clientv3.Value(k.owner), "=", l.Owner))
 	}
+	return cmps
+}
+
+// holderIs compares the gen key with the lease's token and owner: its value is
+// token+owner+NUL+until exactly when token+owner < value < token+owner+"\x01", because no
+// owner contains a control character (checkOwner): one that extended another owner's id would
+// have to continue it with a NUL.
+func holderIs(k keys, l driver.LeaseRef) []clientv3.Cmp {
+	held := encodeToken(l.Epoch, l.Generation) + l.Owner
+	return []clientv3.Cmp{clientv3.Compare(clientv3.Value(k.gen), ">", held),
+		clientv3.Compare(clientv3.Value(k.gen), "<", held+"\x01")}
 }
 
 // Renew grants a new etcd lease with the new TTL and moves the owner key onto it, in a Txn
 // that requires the token, the epoch and the owner key to be this acquisition's:
 //
-//	If   gen == token(e, g), epoch == e, owner == id   (the owner key exists only while the
-//	                                                   etcd lease is alive, so an expired
-//	                                                   lease is never revived)
-//	Then read owner (its old etcd lease), owner = id WITH the new etcd lease, until
+//	If   gen == token(e, g) id NUL *, epoch == e,  (the owner key exists only while the
+//	     owner == id                               etcd lease is alive, so an expired
+//	                                               lease is never revived)
+//	Then read owner (its old etcd lease), owner = id WITH the new etcd lease,
+//	     gen = token(e, g) id NUL until
 //
 // and then revokes the old etcd lease, which no key uses any more.
 //
@@ -487,6 +506,9 @@ func (d *Driver) holds(k keys, l driver.LeaseRef, who string) []clientv3.Cmp {
 // TestLateKeepAliveRevivesNothing checks the first part, and
 // TestReleasedLeaseServesOneAcquisitionAtATime the second.
 func (d *Driver) Renew(ctx context.Context, l driver.LeaseRef, ttl time.Duration) (time.Time, bool, error) {
+	if err := checkOwner(l.Owner); err != nil {
+		return time.Time{}, false, err
+	}
 	k := d.keys(l.Resource)
 	sent := time.Now()
 	lease, err := d.cli.Grant(ctx, ttlSeconds(ttl))
@@ -494,10 +516,10 @@ func (d *Driver) Renew(ctx context.Context, l driver.LeaseRef, ttl time.Duration
 		return time.Time{}, false, driver.NotApplied(fmt.Errorf("grant etcd lease: %w", err))
 	}
 	until := sent.Add(time.Duration(lease.TTL) * time.Second)
-	resp, err := d.txn(ctx, "renew", d.holds(k, l, k.owner),
+	resp, err := d.txn(ctx, "renew", d.holds(k, l, true),
 		[]clientv3.Op{clientv3.OpGet(k.owner),
 			clientv3.OpPut(k.owner, l.Owner, clientv3.WithLease(lease.ID)),
-			clientv3.OpPut(k.until, encodeTime(until))}, nil)
+			clientv3.OpPut(k.gen, encodeHeld(l.Epoch, l.Generation, l.Owner, until))}, nil)
 	if err != nil {
 		// Unless the Txn certainly did not happen, the owner key may already sit on the new
 		// etcd lease, so it is left alone (revoking it would end a lease its holder may still
@@ -529,9 +551,12 @@ func (d *Driver) publishTxn(ctx context.Context, l driver.LeaseRef, pub driver.P
 		return nil, 0, driver.NotApplied(fmt.Errorf("publish %d bytes: %w (%d bytes; etcd's default --max-request-bytes is 1.5 MiB)",
 			len(pub.Payload), ErrPayloadTooLarge, d.maxPayload))
 	}
+	if err := checkOwner(l.Owner); err != nil {
+		return nil, 0, err
+	}
 	k := d.keys(l.Resource)
 	now := time.Now()
-	cmps := append(d.holds(k, l, k.owner),
+	cmps := append(d.holds(k, l, true),
 		clientv3.Compare(clientv3.Value(k.pub), "<", encodeGen(l.Generation)),
 		clientv3.Compare(clientv3.CreateRevision(d.opKey(pub.OpID)), "=", 0))
 	then := []clientv3.Op{
@@ -550,7 +575,7 @@ func (d *Driver) publishTxn(ctx context.Context, l driver.LeaseRef, pub driver.P
 	}
 	ownerAt := len(then)
 	if release {
-		then = append(then, releaseOps(k)...)
+		then = append(then, releaseOps(k, l)...)
 	}
 	resp, err := d.txn(ctx, "publish", cmps, then, nil)
 	return resp, ownerAt, err
@@ -558,10 +583,10 @@ func (d *Driver) publishTxn(ctx context.Context, l driver.LeaseRef, pub driver.P
 
 // releaseOps free the lease: the first deletes the owner key and returns it (its etcd lease,
 // to be revoked after the Txn), which costs etcd the same range as a Get before the delete
-// but one op less to carry through Raft.
-func releaseOps(k keys) []clientv3.Op {
+// but one op less to carry through Raft; the second puts the bare token back in gen.
+func releaseOps(k keys, l driver.LeaseRef) []clientv3.Op {
 	return []clientv3.Op{clientv3.OpDelete(k.owner, clientv3.WithPrevKV()),
-		clientv3.OpDelete(k.holder), clientv3.OpDelete(k.until)}
+		clientv3.OpPut(k.gen, encodeToken(l.Epoch, l.Generation))}
 }
 
 func (d *Driver) Publish(ctx context.Context, l driver.LeaseRef, pub driver.Publication) (bool, error) {
@@ -578,20 +603,26 @@ func (d *Driver) PublishAndRelease(ctx context.Context, l driver.LeaseRef, pub d
 		d.releaseUnconfirmed(l.Resource, l.Owner)
 		return false, err
 	}
+	d.remember(l.Resource, l.Epoch, l.Generation, resp.Header.Revision)
 	d.revokeReleased(ctx, resp, ownerAt)
 	return true, nil
 }
 
-// Release frees the lease where the token, the epoch and the holder still match, expired or
-// not, like the SQL backends. The etcd lease is revoked afterwards, in the background; no key
+// Release frees the lease where the token, the epoch and the holder in gen still match,
+// expired or not, like the SQL backends, and caches the released gen for this driver's next
+// acquisition (ahead.go). The etcd lease is revoked afterwards, in the background; no key
 // uses it any more.
 func (d *Driver) Release(ctx context.Context, l driver.LeaseRef) (bool, error) {
+	if err := checkOwner(l.Owner); err != nil {
+		return false, err
+	}
 	k := d.keys(l.Resource)
-	resp, err := d.txn(ctx, "release", d.holds(k, l, k.holder), releaseOps(k), nil)
+	resp, err := d.txn(ctx, "release", d.holds(k, l, false), releaseOps(k, l), nil)
 	if err != nil || !resp.Succeeded {
 		d.releaseUnconfirmed(l.Resource, l.Owner)
 		return false, err
 	}
+	d.remember(l.Resource, l.Epoch, l.Generation, resp.Header.Revision)
 	d.revokeReleased(ctx, resp, 0)
 	return true, nil
 }
@@ -616,7 +647,7 @@ func (d *Driver) revoke(ctx context.Context, id clientv3.LeaseID) {
 	_, _ = d.cli.Revoke(ctx, id)
 }
 
-// Read returns the resource as one Txn (one revision) saw it. Owner is the holder key, which
+// Read returns the resource as one Txn (one revision) saw it. Owner is the holder in gen, which
 // outlives expiry; the lease counts as held exactly while the owner key exists and its token
 // is from the current epoch, as the Txns judge. A lease from an earlier epoch is reported
 // without an owner, as after a release: the bump freed it, though its keys stay until its etcd
@@ -627,7 +658,7 @@ func (d *Driver) revoke(ctx context.Context, id clientv3.LeaseID) {
 func (d *Driver) Read(ctx context.Context, resource string) (driver.State, error) {
 	k := d.keys(resource)
 	resp, err := d.txn(ctx, "read", nil,
-		append(d.readLeaseOps(k), clientv3.OpGet(k.holder), clientv3.OpGet(k.pub), clientv3.OpGet(k.source)), nil)
+		append(d.readLeaseOps(k), clientv3.OpGet(k.pub), clientv3.OpGet(k.source)), nil)
 	if err != nil {
 		return driver.State{}, err
 	}
@@ -637,17 +668,13 @@ func (d *Driver) Read(ctx context.Context, resource string) (driver.State, error
 		return driver.State{}, driver.ErrNotFound
 	}
 	st := driver.State{Resource: resource, Now: now}
-	if st.CurrentEpoch, st.Epoch, st.Generation, err = snap.decode(); err != nil {
+	var row heldValue
+	if st.CurrentEpoch, row, err = snap.decode(); err != nil {
 		return driver.State{}, fmt.Errorf("read %s: %w", resource, err)
 	}
-	current := st.Epoch == st.CurrentEpoch
-	if holder := kv(resp, 4); holder != nil && current {
-		st.Owner = string(holder.value)
-	}
-	if snap.until != nil && current {
-		if st.LeaseUntil, err = decodeTime(snap.until.value); err != nil {
-			return driver.State{}, err
-		}
+	st.Epoch, st.Generation = row.epoch, row.gen
+	if row.held && row.epoch == st.CurrentEpoch {
+		st.Owner, st.LeaseUntil = row.owner, row.until
 	}
 	switch held := snap.owner != nil && st.Owner != ""; {
 	case held && !st.LeaseUntil.After(now):
@@ -655,14 +682,14 @@ func (d *Driver) Read(ctx context.Context, resource string) (driver.State, error
 	case !held && st.LeaseUntil.After(now):
 		st.Now = st.LeaseUntil
 	}
-	if pub := kv(resp, 5); pub != nil {
+	if pub := kv(resp, 3); pub != nil {
 		p, err := decodePub(pub.value)
 		if err != nil {
 			return driver.State{}, err
 		}
 		st.PublishedGeneration, st.PublishedEpoch, st.PublishedAt, st.PayloadSize = p.generation, p.epoch, p.at, p.size
 	}
-	if sv := kv(resp, 6); sv != nil {
+	if sv := kv(resp, 4); sv != nil {
 		if st.SourceVersion, err = decodeGen(sv.value); err != nil {
 			return driver.State{}, err
 		}

@@ -5,6 +5,7 @@ import (
 	"strconv"
 	"strings"
 	"time"
+	"unicode"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
 
@@ -15,17 +16,19 @@ import (
 // last "/" names the field, so a resource name that itself contains "/" cannot collide with
 // another resource's keys.
 //
-//	gen     the token of the current generation: the epoch it was acquired in and the
-//	        generation, each fixed-width decimal (genWidth digits), so that one bytewise
-//	        Compare pins both. Exists iff provisioned; epoch 0 before the first acquisition.
+//	gen     the token of the current generation, and the lease's holder while it has one:
+//	        token(epoch, generation) (genWidth digits each, so that one bytewise Compare pins
+//	        both), then, from the acquisition until the release, the owner's id, a NUL byte and
+//	        the expiry shown to people (local clock at grant + granted TTL, unix nanoseconds,
+//	        genWidth digits; informational only: nothing compares it). The owner part outlives
+//	        expiry, so that a refusal can be explained as "expired" rather than "released" and
+//	        the owner of an expired, unsuperseded lease can still release it; a release puts the
+//	        bare token back. Owners never contain control characters (checkOwner), so
+//	        token+owner < gen < token+owner+"\x01" holds exactly for this owner's gen (see
+//	        holderIs). Exists iff provisioned; epoch 0 before the first acquisition.
 //	owner   the current owner's id, put WITH the acquisition's etcd lease: it exists exactly
 //	        while the lease is held and unexpired, and etcd deletes it when the lease's TTL runs
 //	        out. etcd, not this process, decides expiry.
-//	holder  the owner's id again, without an etcd lease: it outlives expiry so that a refusal
-//	        can be explained as "expired" rather than "released", and so that the owner of an
-//	        expired, unsuperseded lease can still release it. Deleted on release.
-//	until   the expiry shown to people (local clock at grant + granted TTL, unix nanoseconds).
-//	        Informational only: nothing compares it.
 //	pub     "<published generation> <published epoch> <published_at unix ns> <payload size>",
 //	        the generation in the same fixed width as gen's fields.
 //	source  the published payload's source version, fixed width (0: none given). Created by
@@ -36,10 +39,11 @@ import (
 // or "op"):
 //
 //	<prefix>epoch          the store's epoch, fixed width; Migrate creates it at the clock (µs)
-//	<prefix>schema         the layout version
+//	<prefix>schema         the layout version (3; version 2 kept the holder and the expiry in
+//	                       keys of their own, holder and until, which Migrate folds into gen)
 //	<prefix>ops/<id>/op    one operation id's outcome (see encodeOp); never overwritten
 type keys struct {
-	gen, owner, holder, until, pub, source, payload string
+	gen, owner, pub, source, payload string
 }
 
 func (d *Driver) keys(resource string) keys {
@@ -47,8 +51,6 @@ func (d *Driver) keys(resource string) keys {
 	return keys{
 		gen:     base + "gen",
 		owner:   base + "owner",
-		holder:  base + "holder",
-		until:   base + "until",
 		pub:     base + "pub",
 		source:  base + "source",
 		payload: base + "payload",
@@ -102,6 +104,56 @@ func encodeToken(epoch, g int64) string {
 	}
 	var b [2 * genWidth]byte
 	return string(appendGen(appendGen(b[:0], epoch), g))
+}
+
+// encodeHeld is the gen key's value while owner holds the lease: the token, the owner, a NUL
+// byte and the informational expiry.
+func encodeHeld(epoch, g int64, owner string, until time.Time) string {
+	b := make([]byte, 0, 3*genWidth+len(owner)+1)
+	b = append(appendGen(appendGen(b, epoch), g), owner...)
+	return string(appendGen(append(b, 0), max(until.UnixNano(), 0)))
+}
+
+// heldValue is a decoded gen value.
+type heldValue struct {
+	epoch, gen int64
+	owner      string    // "" when released (the bare token)
+	until      time.Time // zero when released
+	held       bool
+}
+
+func decodeHeld(b []byte) (heldValue, error) {
+	var v heldValue
+	if len(b) < 2*genWidth {
+		return v, fmt.Errorf("decode token %q: not two %d-digit numbers", b, genWidth)
+	}
+	var err error
+	if v.epoch, v.gen, err = decodeToken(b[:2*genWidth]); err != nil || len(b) == 2*genWidth {
+		return v, err
+	}
+	rest := b[2*genWidth:]
+	nul := len(rest) - genWidth - 1
+	if nul < 0 || rest[nul] != 0 {
+		return v, fmt.Errorf("decode gen %q: not a token, an owner, NUL and a %d-digit time", b, genWidth)
+	}
+	ns, err := decodeGen(rest[nul+1:])
+	if err != nil {
+		return v, fmt.Errorf("decode gen %q: %w", b, err)
+	}
+	v.owner, v.until, v.held = string(rest[:nul]), time.Unix(0, ns).UTC(), true
+	return v, nil
+}
+
+// checkOwner refuses an owner that the gen key cannot hold: a NUL would end it early, and
+// any control character is refused as fenced.ValidateOwner does, which drivertest and other
+// direct callers of the driver bypass.
+func checkOwner(owner string) error {
+	for _, c := range owner {
+		if unicode.IsControl(c) {
+			return driver.NotApplied(fmt.Errorf("owner %q contains the control character %q, which the etcd backend cannot store", owner, c))
+		}
+	}
+	return nil
 }
 
 func decodeToken(b []byte) (epoch, g int64, err error) {

@@ -13,7 +13,8 @@ import (
 )
 
 // TestPairReadsNothingThroughRaft: the conditional Txns of an acquisition and a release carry
-// no Get, in either branch. A Txn that writes goes through Raft and the WAL whole, reads
+// no Get, in either branch, and write 3 keys and delete 1 between them (gen and owner; owner
+// deleted, gen back to the bare token). A Txn that writes goes through Raft and the WAL whole, reads
 // included, also the reads of a branch etcd does not take; the only read a pair needs, the
 // released owner key's etcd lease, comes from its delete (WithPrevKV).
 func TestPairReadsNothingThroughRaft(t *testing.T) {
@@ -58,6 +59,22 @@ func TestPairReadsNothingThroughRaft(t *testing.T) {
 			if op.GetRequestRange() != nil {
 				t.Errorf("Txn %d (%d compares) reads %q", i, len(r.Compare), op.GetRequestRange().Key)
 			}
+		}
+	}
+	for pair := range 2 {
+		var puts, deletes int
+		for _, r := range txns[2*pair : 2*pair+2] {
+			for _, op := range r.Success {
+				switch {
+				case op.GetRequestPut() != nil:
+					puts++
+				case op.GetRequestDeleteRange() != nil:
+					deletes++
+				}
+			}
+		}
+		if puts != 3 || deletes != 1 {
+			t.Errorf("pair %d writes %d keys and deletes %d, want 3 and 1", pair, puts, deletes)
 		}
 	}
 }

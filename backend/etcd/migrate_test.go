@@ -1,0 +1,159 @@
+package etcd
+
+import (
+	"bytes"
+	"errors"
+	"testing"
+	"time"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+
+	"github.com/fenced-dev/fenced/driver"
+)
+
+// TestMigrateFoldsVersion2: a store written in version 2's layout, by hand (a bumped epoch, a
+// lease held on a live etcd lease, one expired, one released), is folded by Migrate: the
+// holder and until keys are gone, the held lease is still held by its owner and can publish
+// and release with the reference it had, the expired one can still be released, and a second
+// Migrate changes nothing.
+func TestMigrateFoldsVersion2(t *testing.T) {
+	t.Parallel()
+	ctx := testCtx(t)
+	d := New(newClient(t, cluster.endpoints()), &Options{Prefix: newPrefix()})
+	t.Cleanup(func() { _ = d.Close() })
+	const epoch = 1_764_000_000_123_456
+	const (
+		held     = "held ресурс\x00 one"
+		expired  = "expired ресурс two"
+		released = "released ресурс three"
+		owner    = "owner ä ö"
+	)
+	until := time.Unix(0, 1_764_000_100_000_000_123).UTC()
+	lease, err := d.cli.Grant(ctx, 60)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _, _ = d.cli.Revoke(ctx, lease.ID) })
+	put := func(key, value string, opts ...clientv3.OpOption) {
+		t.Helper()
+		if _, err := d.cli.Put(ctx, key, value, opts...); err != nil {
+			t.Fatal(err)
+		}
+	}
+	put(d.epochKey(), encodeGen(epoch))
+	put(d.schemaKey(), "2")
+	for r, g := range map[string]int64{held: 5, expired: 7, released: 2} {
+		k := d.keys(r)
+		put(k.gen, encodeToken(epoch, g))
+		put(k.pub, encodeGen(0))
+		put(k.source, encodeGen(0))
+		if r != released {
+			put(d.prefix+r+"/holder", owner)
+			put(d.prefix+r+"/until", encodeTime(until))
+		}
+	}
+	put(d.keys(held).owner, owner, clientv3.WithLease(lease.ID))
+
+	if err := d.Migrate(ctx); err != nil {
+		t.Fatal(err)
+	}
+	all, err := d.cli.Get(ctx, d.prefix, clientv3.WithPrefix())
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, kv := range all.Kvs {
+		if k := string(kv.Key); bytes.HasSuffix(kv.Key, []byte("/holder")) || bytes.HasSuffix(kv.Key, []byte("/until")) {
+			t.Errorf("version 2 key %q left after Migrate", k)
+		}
+		if string(kv.Key) == d.schemaKey() && string(kv.Value) != "3" {
+			t.Errorf("schema %q after Migrate, want 3", kv.Value)
+		}
+	}
+
+	st, err := d.Read(ctx, held)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st.Owner != owner || st.Epoch != epoch || st.Generation != 5 || !st.LeaseUntil.Equal(until) || !st.Held() {
+		t.Fatalf("held lease after Migrate: %+v", st)
+	}
+	if _, err := d.Acquire(ctx, held, "another", time.Minute); !errors.As(err, new(*driver.BusyError)) {
+		t.Fatalf("acquire of the held lease after Migrate: %v, want busy", err)
+	}
+	ref := driver.LeaseRef{Resource: held, Owner: owner, Epoch: epoch, Generation: 5}
+	payload := []byte("folded\x00payload")
+	if ok, err := d.Publish(ctx, ref, driver.Publication{Payload: payload, OpID: "fold-1"}); !ok || err != nil {
+		t.Fatalf("publish with the version 2 reference: %v, %v", ok, err)
+	}
+	if got, g, err := d.ReadPayload(ctx, held); err != nil || g != 5 || !bytes.Equal(got, payload) {
+		t.Fatalf("payload %q at %d, %v", got, g, err)
+	}
+	if ok, err := d.Release(ctx, ref); !ok || err != nil {
+		t.Fatalf("release with the version 2 reference: %v, %v", ok, err)
+	}
+
+	if st, err := d.Read(ctx, expired); err != nil || st.Owner != owner || st.Held() || st.Generation != 7 {
+		t.Fatalf("expired lease after Migrate: %+v, %v", st, err)
+	}
+	if ok, err := d.Release(ctx, driver.LeaseRef{Resource: expired, Owner: owner, Epoch: epoch, Generation: 7}); !ok || err != nil {
+		t.Fatalf("release of the expired lease: %v, %v", ok, err)
+	}
+	if st, err := d.Read(ctx, released); err != nil || st.Owner != "" || st.Held() || st.Generation != 2 {
+		t.Fatalf("released lease after Migrate: %+v, %v", st, err)
+	}
+	if g, err := d.Acquire(ctx, released, owner, time.Minute); err != nil || g.Epoch != epoch || g.Generation != 3 {
+		t.Fatalf("acquire after Migrate: %+v, %v", g, err)
+	}
+	if _, err := d.Acquire(ctx, expired, "a\x00b", time.Minute); !errors.Is(err, driver.ErrNotApplied) {
+		t.Fatalf("acquire with a NUL in the owner: %v, want not applied", err)
+	}
+
+	before, err := d.cli.Get(ctx, d.prefix, clientv3.WithPrefix())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := d.Migrate(ctx); err != nil {
+		t.Fatal(err)
+	}
+	after, err := d.cli.Get(ctx, d.prefix, clientv3.WithPrefix())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(before.Kvs) != len(after.Kvs) {
+		t.Fatalf("second Migrate: %d keys, then %d", len(before.Kvs), len(after.Kvs))
+	}
+	for i, kv := range after.Kvs {
+		if kv.ModRevision != before.Kvs[i].ModRevision {
+			t.Errorf("second Migrate changed %q", kv.Key)
+		}
+	}
+}
+
+// TestHolderComparePinsTheWholeOwner: the two compares of holderIs accept the owner that gen
+// holds and no owner that is a prefix of it or extends it. Without the upper bound "owner ö"
+// would release "owner ö x"'s lease; without the lower bound "owner ö x2" would.
+func TestHolderComparePinsTheWholeOwner(t *testing.T) {
+	t.Parallel()
+	const resource = "holder ресурс\x00"
+	d := New(newClient(t, cluster.endpoints()), &Options{Prefix: newPrefix()})
+	t.Cleanup(func() { _ = d.Close() })
+	prepare(t, d, resource)
+	ctx := testCtx(t)
+	g, err := d.Acquire(ctx, resource, "owner ö x", time.Minute)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, other := range []string{"owner ö", "owner ö ", "owner ö x2", "owner ö y", ""} {
+		l := driver.LeaseRef{Resource: resource, Owner: other, Epoch: g.Epoch, Generation: g.Generation}
+		if ok, err := d.Release(ctx, l); ok || err != nil {
+			t.Errorf("release by %q: %v, %v", other, ok, err)
+		}
+	}
+	l := driver.LeaseRef{Resource: resource, Owner: "owner ö x", Epoch: g.Epoch, Generation: g.Generation}
+	if ok, err := d.Release(ctx, l); !ok || err != nil {
+		t.Fatalf("release by the holder: %v, %v", ok, err)
+	}
+	if ok, err := d.Release(ctx, l); ok || err != nil {
+		t.Fatalf("second release: %v, %v", ok, err)
+	}
+}
