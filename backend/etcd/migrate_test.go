@@ -3,6 +3,7 @@ package etcd
 import (
 	"bytes"
 	"errors"
+	"fmt"
 	"testing"
 	"time"
 
@@ -53,6 +54,12 @@ func TestMigrateFoldsVersion2(t *testing.T) {
 		}
 	}
 	put(d.keys(held).owner, owner, clientv3.WithLease(lease.ID))
+	for i := range 20 { // more keys than one page of the fold's listing (pruneBatch)
+		r := fmt.Sprintf("page %d ресурс", i)
+		put(d.keys(r).gen, encodeToken(epoch, int64(i+1)))
+		put(d.prefix+r+"/holder", owner)
+		put(d.prefix+r+"/until", encodeTime(until))
+	}
 
 	if err := d.Migrate(ctx); err != nil {
 		t.Fatal(err)
