@@ -395,6 +395,8 @@ func (d *Driver) Acquire(ctx context.Context, resource, owner string, ttl time.D
 		}
 	}()
 	until := lease.sent.Add(time.Duration(lease.ttl) * time.Second)
+	// The reads of a retry, in its Txn's Else: nil on the first attempt (see below).
+	var reread []clientv3.Op
 	for range acquireAttempts {
 		free := clientv3.Compare(clientv3.CreateRevision(k.owner), "=", 0)
 		if snap.owner != nil {
@@ -408,7 +410,7 @@ func (d *Driver) Acquire(ctx context.Context, resource, owner string, ttl time.D
 				clientv3.Compare(clientv3.Value(d.epochKey()), "=", encodeGen(epoch)), free},
 			[]clientv3.Op{clientv3.OpPut(k.gen, encodeHeld(epoch, gen+1, owner, until)),
 				clientv3.OpPut(k.owner, owner, clientv3.WithLease(lease.id))},
-			nil)
+			reread)
 		if err != nil && leaseGone(err) && !d.ahead.reuse.goneIsError {
 			// etcd expired the lease after its grant or keepalive was answered and before
 			// this Txn arrived (a pause), and refused the whole Txn: nothing happened. Try
@@ -437,13 +439,19 @@ func (d *Driver) Acquire(ctx context.Context, resource, owner string, ttl time.D
 			d.remember(resource, epoch, gen+1, resp.Header.Revision)
 			return driver.Grant{Epoch: epoch, Generation: gen + 1, LeaseUntil: until.UTC()}, nil
 		}
-		// Lost a race: read the snapshot again. Reading it in the Txn's Else would save
-		// this round trip in a race but send the reads through Raft and the WAL with every
-		// acquisition that wins.
+		// Lost a race: read the snapshot again. The first attempt carries no reads in its
+		// Else, since etcd writes a whole Txn, the branch it does not take included, through
+		// Raft and the WAL: the winners would pay for them. A retry carries them: under
+		// contention the loser must not take two round trips (a Txn, then a read) per
+		// attempt where a holder that releases and acquires again from its cached snapshot
+		// takes one, or it loses every race to it (acquireAttempts in a row).
 		d.forget(resource)
-		read, err := d.txn(ctx, "read lease", nil, d.readLeaseOps(k), nil)
-		if err != nil {
-			return driver.Grant{}, driver.NotApplied(err)
+		read := resp
+		if reread == nil {
+			if read, err = d.txn(ctx, "read lease", nil, d.readLeaseOps(k), nil); err != nil {
+				return driver.Grant{}, driver.NotApplied(err)
+			}
+			reread = d.readLeaseOps(k)
 		}
 		snap = leaseSnapshotAt(read, 0)
 		if snap.gen == nil {

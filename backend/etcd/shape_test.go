@@ -7,6 +7,7 @@ import (
 	"time"
 
 	pb "go.etcd.io/etcd/api/v3/etcdserverpb"
+	clientv3 "go.etcd.io/etcd/client/v3"
 	"google.golang.org/grpc"
 
 	"github.com/fenced-dev/fenced/driver"
@@ -75,6 +76,77 @@ func TestPairReadsNothingThroughRaft(t *testing.T) {
 		}
 		if puts != 3 || deletes != 1 {
 			t.Errorf("pair %d writes %d keys and deletes %d, want 3 and 1", pair, puts, deletes)
+		}
+	}
+}
+
+// TestRetryReadsInItsElse forces an acquisition to lose two races in a row (another driver
+// acquires and releases the resource just before each of its Txns): after the first loss it
+// reads the resource in a Txn of its own, and its retries carry that read in their Else, so
+// that a loser under contention takes one round trip per attempt, as the winner does.
+func TestRetryReadsInItsElse(t *testing.T) {
+	t.Parallel()
+	var (
+		mu    sync.Mutex
+		txns  []*pb.TxnRequest
+		reads int
+	)
+	record := grpc.WithChainUnaryInterceptor(func(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
+		if r, ok := req.(*pb.TxnRequest); ok {
+			mu.Lock()
+			if len(r.Compare) > 0 {
+				txns = append(txns, r)
+			} else {
+				reads++
+			}
+			mu.Unlock()
+		}
+		return invoker(ctx, method, req, reply, cc, opts...)
+	})
+	const resource = "retry ресурс\x00"
+	prefix := newPrefix()
+	loser := New(newClientWith(t, cluster.endpoints(), record), &Options{Prefix: prefix})
+	t.Cleanup(func() { _ = loser.Close() })
+	winner := New(newClient(t, cluster.endpoints()), &Options{Prefix: prefix})
+	t.Cleanup(func() { _ = winner.Close() })
+	prepare(t, winner, resource)
+	ctx := testCtx(t)
+	if _, err := loser.Read(ctx, resource); err != nil { // connected before the count starts
+		t.Fatal(err)
+	}
+	races := 0
+	loser.ahead.reuse.beforeTxn = func(clientv3.LeaseID) {
+		if races++; races > 2 {
+			return
+		}
+		g, err := winner.Acquire(ctx, resource, "winner", time.Minute)
+		if err != nil {
+			t.Error(err)
+			return
+		}
+		if ok, err := winner.Release(ctx, driver.LeaseRef{Resource: resource, Owner: "winner", Epoch: g.Epoch, Generation: g.Generation}); !ok || err != nil {
+			t.Errorf("release: %v, %v", ok, err)
+		}
+	}
+	mu.Lock()
+	txns, reads = nil, 0
+	mu.Unlock()
+	g, err := loser.Acquire(ctx, resource, "loser", time.Minute)
+	if err != nil {
+		t.Fatal(err)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if len(txns) != 3 || g.Generation != 3 {
+		t.Fatalf("%d acquire Txns, generation %d: want 3 and 3 (two races lost)", len(txns), g.Generation)
+	}
+	// One read before the first attempt (nothing cached), one after the first loss.
+	if reads != 2 {
+		t.Errorf("%d reads in Txns of their own, want 2", reads)
+	}
+	for i, r := range txns {
+		if carries := len(r.Failure) > 0; carries != (i > 0) {
+			t.Errorf("attempt %d carries %d reads in its Else", i+1, len(r.Failure))
 		}
 	}
 }
