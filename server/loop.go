@@ -14,9 +14,9 @@ import (
 	"time"
 )
 
-// HeaderSyncConnection, with the value "sync", asks the service to serve the rest of the
-// request's connection on one goroutine (Options.SyncConnections); the remote driver's
-// SyncTransport sends it on a connection's first request.
+// HeaderSyncConnection is the request header that, with the value "sync", asks the service to
+// serve the rest of the request's connection on one goroutine (Options.SyncConnections); the
+// remote driver's SyncTransport sends it on a connection's first request.
 const HeaderSyncConnection = "Fenced-Connection"
 
 // Limits of a connection served by the loop where the http.Server sets none.
@@ -48,7 +48,7 @@ func (s *Server) serveHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 	var src io.Reader = conn
 	if n := brw.Reader.Buffered(); n > 0 { // pipelined: what net/http read ahead comes first
-		ahead, _ := brw.Reader.Peek(n)
+		ahead, _ := brw.Peek(n)
 		src = io.MultiReader(bytes.NewReader(bytes.Clone(ahead)), conn)
 	}
 	hs, _ := r.Context().Value(http.ServerContextKey).(*http.Server)

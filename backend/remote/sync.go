@@ -105,7 +105,7 @@ func (t *syncTransport) get(ctx context.Context, addr, host string) (*syncConn, 
 	if err != nil {
 		return nil, false, err
 	}
-	var conn net.Conn = raw
+	conn := raw
 	if t.tls != nil {
 		cfg := t.tls
 		if cfg.ServerName == "" {
