@@ -334,7 +334,7 @@ func (d *Driver) refillLocked(key int64) {
 	}
 	a.pending[key]++
 	a.bg.Go(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), cleanupTimeout)
+		ctx, cancel := context.WithTimeout(d.cli.Ctx(), cleanupTimeout) // ends when the client closes
 		defer cancel()
 		sent := time.Now()
 		resp, err := d.cli.Grant(ctx, key)
@@ -362,7 +362,7 @@ func (d *Driver) refillLocked(key int64) {
 func (d *Driver) keepAliveLocked(id clientv3.LeaseID) {
 	a := &d.ahead
 	a.bg.Go(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), cleanupTimeout)
+		ctx, cancel := context.WithTimeout(d.cli.Ctx(), cleanupTimeout) // ends when the client closes
 		defer cancel()
 		sent := time.Now()
 		resp, err := d.cli.KeepAliveOnce(ctx, id)
