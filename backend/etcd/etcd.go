@@ -51,7 +51,8 @@
 // one Txn per resource pinned on the mod revisions of the keys it folds (migrate.go); a lease
 // held across it stays held by its owner, on its etcd lease. Stop every client running an older
 // fenced first: a version 2 driver refuses a folded gen key (its Txns compare gen with the bare
-// token, and it cannot decode the value), so it fails closed, but it does not stop.
+// token, and it cannot decode the value), so by a reading of its code it fails closed, but it
+// does not stop. No test runs a version 2 driver against a folded store.
 //
 // # Unknown outcomes
 //

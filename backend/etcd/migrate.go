@@ -18,7 +18,7 @@ const foldAttempts = 16
 // records version 3 with a compare-and-swap on version 2. It is not one atomic step: a fold
 // interrupted half-way is finished by the next Migrate, which skips the resources already
 // folded. A version 2 driver still running refuses a folded gen (decodeToken wants exactly
-// 40 bytes) and fails closed on it, but it may still write version 2 keys beside folded ones
+// 40 bytes) and so should fail closed on it (read from its code, not tested), but it may still write version 2 keys beside folded ones
 // until it stops: stop every client running an older fenced before migrating.
 func (d *Driver) fold(ctx context.Context) error {
 	from, end := d.prefix, clientv3.GetPrefixRangeEnd(d.prefix)

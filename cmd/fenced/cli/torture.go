@@ -739,7 +739,7 @@ func (t *tortureRun) execute(ctx context.Context, drv driver.Driver, plan []tort
 
 // firstRestoreOnly drops every restore of plan but the first: the control's. A later restore
 // would roll the store back to a copy taken after the first, and the leases restored with it
-// (etcd keeps a restored lease alive for its whole TTL again) would keep the workers out for
+// (etcd, in the histories of the run that failed CI, kept the restored leases alive a TTL and more) would keep the workers out for
 // most of what is left of the run, so that the tokens handed out again by the first restore,
 // the evidence the control exists for, might never be.
 func firstRestoreOnly(plan []torture.Fault) []torture.Fault {

@@ -43,9 +43,9 @@ func TestTortureEtcdRestore(t *testing.T) {
 	t.Run("without bump", func(t *testing.T) {
 		t.Parallel()
 		url, _, restore := ownEtcd(t)
-		// Longer: etcd keeps the leases restored with the copy alive for a whole TTL again
-		// after it starts (2 s at least), and a restart under load takes seconds; the tokens
-		// handed out again come after both.
+		// Longer: in the histories of a failed run etcd kept the leases restored with the
+		// copy alive for a TTL and more after it started (2 s at least), and a restart under
+		// load takes seconds; the tokens handed out again come after both.
 		code, out := runTorture(t, url, append(args("14s", restore), "--restore-without-bump")...)
 		checkRestoreControl(t, code, out)
 	})
