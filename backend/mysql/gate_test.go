@@ -298,11 +298,7 @@ func (c earlierCheck) Check(ctx context.Context, tx *sql.Tx, resource string, t 
 
 func (c earlierCheck) Exec(ctx context.Context, tx *sql.Tx, resource string, t fenced.Token, write string, args ...any) error {
 	if !c.batch {
-		if err := c.Check(ctx, tx, resource, t); err != nil {
-			return err
-		}
-		_, err := tx.ExecContext(ctx, write, args...)
-		return err
+		return checkThenWrite(ctx, c, tx, resource, t, write, args)
 	}
 	return c.accepted(tx.ExecContext(ctx, write+"; "+earlierStatement, append(args, t.Epoch, t.Generation, resource, t.Epoch, t.Epoch, t.Generation)...))
 }

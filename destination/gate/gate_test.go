@@ -5,6 +5,7 @@ import (
 	"crypto/rand"
 	"database/sql"
 	"fmt"
+	"net"
 	"net/url"
 	"os"
 	"path/filepath"
@@ -15,7 +16,8 @@ import (
 	"github.com/fenced-dev/fenced/destination/gate"
 	"github.com/fenced-dev/fenced/destination/gate/gatetest"
 	"github.com/fenced-dev/fenced/driver/drivertest"
-	_ "github.com/jackc/pgx/v5/stdlib"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/stdlib"
 	_ "modernc.org/sqlite"
 )
 
@@ -43,7 +45,10 @@ func pgPing(u string) error {
 }
 
 // openPostgres returns a database whose connections use a fresh schema, dropped at the end.
-func openPostgres(t testing.TB) *sql.DB {
+func openPostgres(t testing.TB) *sql.DB { return openPostgresWith(t, nil) }
+
+// openPostgresWith is openPostgres whose connections are wrapped by wrap, if not nil.
+func openPostgresWith(t testing.TB, wrap func(net.Conn) net.Conn) *sql.DB {
 	base := drivertest.ServerURL(t, "FENCED_TEST_POSTGRES", defaultPostgres, pgPing)
 	admin, err := sql.Open("pgx", base)
 	if err != nil {
@@ -60,10 +65,21 @@ func openPostgres(t testing.TB) *sql.DB {
 	q := u.Query()
 	q.Set("search_path", schema)
 	u.RawQuery = q.Encode()
-	db, err := sql.Open("pgx", u.String())
+	cfg, err := pgx.ParseConfig(u.String())
 	if err != nil {
 		t.Fatal(err)
 	}
+	if wrap != nil {
+		dial := cfg.DialFunc
+		cfg.DialFunc = func(ctx context.Context, network, addr string) (net.Conn, error) {
+			c, err := dial(ctx, network, addr)
+			if err != nil {
+				return nil, err
+			}
+			return wrap(c), nil
+		}
+	}
+	db := stdlib.OpenDB(*cfg)
 	t.Cleanup(func() {
 		_ = db.Close()
 		if _, err := admin.Exec("DROP SCHEMA " + schema + " CASCADE"); err != nil {

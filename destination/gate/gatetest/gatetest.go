@@ -12,10 +12,14 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
+	"net"
 	"net/http"
 	"net/http/httptest"
+	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -591,69 +595,78 @@ type Checker interface {
 	Exec(ctx context.Context, tx *sql.Tx, resource string, token fenced.Token, write string, args ...any) error
 }
 
+// txns are the service's write transactions that the benchmarks and Counts run on one service:
+// raw (BEGIN, upsert, COMMIT), and the same with a Checker's Check before the upsert or its
+// Exec in place of it. Every write changes the data: an upsert of identical bytes is skipped
+// by MySQL and would make the baseline a transaction that writes nothing.
+type txns struct {
+	s     *Service
+	token fenced.Token
+	data  []byte
+	n     uint64
+}
+
+func newTxns(tb testing.TB, s *Service) *txns {
+	if err := s.Gate.Add(context.Background(), res); err != nil {
+		tb.Fatal(err)
+	}
+	return &txns{s: s, token: tok(1, 2), data: []byte(strings.Repeat("report\x00", 8))}
+}
+
+func (x *txns) next() []byte {
+	x.n++
+	binary.BigEndian.PutUint64(x.data, x.n)
+	return x.data
+}
+
+// run runs one transaction: BEGIN, body, COMMIT.
+func (x *txns) run(tb testing.TB, body func(ctx context.Context, tx *sql.Tx) error) {
+	ctx := context.Background()
+	tx, err := x.s.DB.BeginTx(ctx, nil)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	if err := body(ctx, tx); err != nil {
+		_ = tx.Rollback()
+		tb.Fatal(err)
+	}
+	if err := tx.Commit(); err != nil {
+		tb.Fatal(err)
+	}
+}
+
+func (x *txns) raw(tb testing.TB) {
+	x.run(tb, func(ctx context.Context, tx *sql.Tx) error { return x.s.WriteTx(ctx, tx, res, x.next()) })
+}
+
+func (x *txns) checkedBy(g Checker) func(testing.TB) {
+	return func(tb testing.TB) {
+		x.run(tb, func(ctx context.Context, tx *sql.Tx) error {
+			if err := g.Check(ctx, tx, res, x.token); err != nil {
+				return err
+			}
+			return x.s.WriteTx(ctx, tx, res, x.next())
+		})
+	}
+}
+
+// execBy: on PostgreSQL the check and the write in one statement.
+func (x *txns) execBy(g Checker) func(testing.TB) {
+	return func(tb testing.TB) {
+		x.run(tb, func(ctx context.Context, tx *sql.Tx) error {
+			return g.Exec(ctx, tx, res, x.token, upsert(x.s.d), res, x.next())
+		})
+	}
+}
+
 // BenchAgainst is Bench, and when earlier is not nil also "earlier": the same rounds with the
 // check of a former version that earlier returns for the service (gate.Legacy in the gate's
 // tests), so that the two are compared in one process on one database.
 func BenchAgainst(b *testing.B, e Engine, earlier func(context.Context, *Service) (Checker, error)) {
-	ctx := context.Background()
 	s := NewService(b, e)
-	if err := s.Gate.Add(ctx, res); err != nil {
-		b.Fatal(err)
-	}
-	token := tok(1, 2)
-	// Each write changes the data: an upsert of identical bytes is skipped by MySQL and would
-	// make the baseline a transaction that writes nothing.
-	data := []byte(strings.Repeat("report\x00", 8))
-	n := uint64(0)
-	next := func() []byte {
-		n++
-		binary.BigEndian.PutUint64(data, n)
-		return data
-	}
-	raw := func(b *testing.B) {
-		tx, err := s.DB.BeginTx(ctx, nil)
-		if err != nil {
-			b.Fatal(err)
-		}
-		if err := s.WriteTx(ctx, tx, res, next()); err != nil {
-			b.Fatal(err)
-		}
-		if err := tx.Commit(); err != nil {
-			b.Fatal(err)
-		}
-	}
-	checkedBy := func(g Checker) func(b *testing.B) {
-		return func(b *testing.B) {
-			tx, err := s.DB.BeginTx(ctx, nil)
-			if err != nil {
-				b.Fatal(err)
-			}
-			if err := g.Check(ctx, tx, res, token); err != nil {
-				b.Fatal(err)
-			}
-			if err := s.WriteTx(ctx, tx, res, next()); err != nil {
-				b.Fatal(err)
-			}
-			if err := tx.Commit(); err != nil {
-				b.Fatal(err)
-			}
-		}
-	}
-	execBy := func(g Checker) func(b *testing.B) { // Exec: on PostgreSQL the check and the write in one statement
-		return func(b *testing.B) {
-			tx, err := s.DB.BeginTx(ctx, nil)
-			if err != nil {
-				b.Fatal(err)
-			}
-			if err := g.Exec(ctx, tx, res, token, upsert(s.d), res, next()); err != nil {
-				b.Fatal(err)
-			}
-			if err := tx.Commit(); err != nil {
-				b.Fatal(err)
-			}
-		}
-	}
-	gated, execd := checkedBy(s.Gate), execBy(s.Gate)
+	x := newTxns(b, s)
+	raw := x.raw
+	gated, execd := x.checkedBy(s.Gate), x.execBy(s.Gate)
 	b.Run("impl=raw", func(b *testing.B) {
 		for b.Loop() {
 			raw(b)
@@ -696,21 +709,30 @@ func BenchAgainst(b *testing.B, e Engine, earlier func(context.Context, *Service
 		b.ReportMetric(float64(tGate)/float64(tRaw), "gate/raw")
 		b.ReportMetric(float64(tExec)/float64(tRaw), "exec/raw")
 	})
-	if earlier == nil {
-		return
+	if earlier != nil {
+		beside(b, x, "earlier", "old", earlier)
 	}
-	// Against the earlier check, its transactions alternating with the current one's in the
-	// same rounds.
-	old, err := earlier(ctx, s)
+}
+
+// BenchFloor runs the service's transactions with the gate beside the same transactions with
+// floor's Checker, a statement that touches one row of another table without any condition:
+// what any second row costs the transaction, whatever decides on it. Its sub-benchmark
+// "floor" reports gate/floor-gate-median and exec/floor-exec-median.
+func BenchFloor(b *testing.B, e Engine, floor func(context.Context, *Service) (Checker, error)) {
+	s := NewService(b, e)
+	beside(b, newTxns(b, s), "floor", "floor", floor)
+}
+
+// beside runs, in each round, the raw transaction, the gate's Check and Exec transactions and
+// those of other's Checker, and reports the medians of the per-round ratios.
+func beside(b *testing.B, x *txns, name, short string, other func(context.Context, *Service) (Checker, error)) {
+	old, err := other(context.Background(), x.s)
 	if err != nil {
 		b.Fatal(err)
 	}
-	oldGated, oldExecd := checkedBy(old), execBy(old)
-	// Each round runs the five transactions once; the medians of the per-round ratios are
-	// reported beside the raw transaction and the earlier check.
-	b.Run("earlier", func(b *testing.B) {
-		fns := []func(*testing.B){raw, gated, oldGated, execd, oldExecd}
-		names := []string{"raw", "gate", "old-gate", "exec", "old-exec"}
+	b.Run(name, func(b *testing.B) {
+		fns := []func(testing.TB){x.raw, x.checkedBy(x.s.Gate), x.checkedBy(old), x.execBy(x.s.Gate), x.execBy(old)}
+		names := []string{"raw", "gate", short + "-gate", "exec", short + "-exec"}
 		rounds := make([][]float64, len(fns))
 		for b.Loop() {
 			var d [5]time.Duration
@@ -733,7 +755,121 @@ func BenchAgainst(b *testing.B, e Engine, earlier func(context.Context, *Service
 		for k := 1; k < len(fns); k++ {
 			b.ReportMetric(ratio(k, 0), names[k]+"/raw-median")
 		}
-		b.ReportMetric(ratio(1, 2), "gate/old-gate-median")
-		b.ReportMetric(ratio(3, 4), "exec/old-exec-median")
+		b.ReportMetric(ratio(1, 2), "gate/"+names[2]+"-median")
+		b.ReportMetric(ratio(3, 4), "exec/"+names[4]+"-median")
 	})
+}
+
+// Wire counts what a client sends its database: each request (a statement, a BEGIN, a COMMIT,
+// a batch) is one write of the connection, answered before the next, so Writes counts round
+// trips. Conn wraps a connection that a test's dialer returns.
+type Wire struct{ writes, bytes, reads atomic.Int64 }
+
+func (w *Wire) Conn(c net.Conn) net.Conn { return wireConn{c, w} }
+
+type wireConn struct {
+	net.Conn
+	w *Wire
+}
+
+// Read counts the reads that returned data: a reply that arrives in pieces (the results of a
+// batch written one by one) takes more than one.
+func (c wireConn) Read(p []byte) (int, error) {
+	n, err := c.Conn.Read(p)
+	if n > 0 {
+		c.w.reads.Add(1)
+	}
+	return n, err
+}
+
+func (c wireConn) Write(p []byte) (int, error) {
+	c.w.writes.Add(1)
+	c.w.bytes.Add(int64(len(p)))
+	return c.Conn.Write(p)
+}
+
+// Counts runs each of the service's transactions n times on s, whose pool must hold one
+// connection (so that status reads the session that ran them), and returns per transaction
+// the round trips and bytes sent (wire) and the deltas of the counters status reads, less the
+// deltas of reading status alone. Variants: raw, gate (Check), exec, and the same with the
+// Checker that each of others returns for s.
+func Counts(t testing.TB, s *Service, wire *Wire, n int, status func(context.Context) (map[string]int64, error), others map[string]func(context.Context, *Service) (Checker, error)) []CountRow {
+	x := newTxns(t, s)
+	ctx := context.Background()
+	type variant struct {
+		name string
+		fn   func(testing.TB)
+	}
+	vs := []variant{{"raw", x.raw}, {"gate", x.checkedBy(s.Gate)}, {"exec", x.execBy(s.Gate)}}
+	for _, name := range slices.Sorted(maps.Keys(others)) {
+		c, err := others[name](ctx, s)
+		if err != nil {
+			t.Fatal(err)
+		}
+		vs = append(vs, variant{name + "-gate", x.checkedBy(c)}, variant{name + "-exec", x.execBy(c)})
+	}
+	measure := func(fn func(testing.TB), n int) (CountRow, error) {
+		fn(t) // once first, so that statements are prepared and plans cached
+		before, err := status(ctx)
+		if err != nil {
+			return CountRow{}, err
+		}
+		w0, b0, r0 := wire.writes.Load(), wire.bytes.Load(), wire.reads.Load()
+		t0 := time.Now()
+		for range n {
+			fn(t)
+		}
+		elapsed := time.Since(t0)
+		w1, b1, r1 := wire.writes.Load(), wire.bytes.Load(), wire.reads.Load()
+		after, err := status(ctx)
+		if err != nil {
+			return CountRow{}, err
+		}
+		r := CountRow{RoundTrips: float64(w1-w0) / float64(n), Bytes: float64(b1-b0) / float64(n), Reads: float64(r1-r0) / float64(n),
+			Micros: float64(elapsed.Microseconds()) / float64(n), Status: map[string]float64{}}
+		for k, v := range after {
+			r.Status[k] = float64(v-before[k]) / float64(n)
+		}
+		return r, nil
+	}
+	// What reading status costs by itself, taken off every row.
+	zero, err := measure(func(testing.TB) {}, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var rows []CountRow
+	for _, v := range vs {
+		r, err := measure(v.fn, n)
+		if err != nil {
+			t.Fatal(err)
+		}
+		r.Name = v.name
+		r.RoundTrips -= zero.RoundTrips / float64(n)
+		for k := range r.Status {
+			r.Status[k] -= zero.Status[k] / float64(n)
+		}
+		rows = append(rows, r)
+	}
+	return rows
+}
+
+// CountRow is one transaction's counts (per transaction, averaged over Counts' n).
+type CountRow struct {
+	Name       string
+	RoundTrips float64 // requests the client sent
+	Bytes      float64 // bytes the client sent
+	Reads      float64 // reads of the replies that returned data
+	Micros     float64 // elapsed µs, indicative only on a loaded machine
+	Status     map[string]float64
+}
+
+func (r CountRow) String() string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "%-17s round trips %4.2f  bytes sent %4.0f  reads %4.2f  µs %5.0f", r.Name, r.RoundTrips, r.Bytes, r.Reads, r.Micros)
+	for _, k := range slices.Sorted(maps.Keys(r.Status)) {
+		if v := r.Status[k]; v > 0.005 || v < -0.005 {
+			fmt.Fprintf(&b, "  %s %.2f", k, v)
+		}
+	}
+	return b.String()
 }

@@ -1,0 +1,176 @@
+package mysql
+
+import (
+	"context"
+	"database/sql"
+	"fmt"
+	"net"
+	"os"
+	"strings"
+	"testing"
+
+	"github.com/fenced-dev/fenced"
+	"github.com/fenced-dev/fenced/destination/gate"
+	"github.com/fenced-dev/fenced/destination/gate/gatetest"
+	"github.com/go-sql-driver/mysql"
+)
+
+// openWire opens a test database (with the DSN parameters in query, if any) whose
+// connections count what they send on wire.
+func openWire(t testing.TB, query string, wire *gatetest.Wire) *sql.DB {
+	u := CreateTestDatabase(t)
+	if query != "" {
+		u += "?" + query
+	}
+	cfg, err := parseURL(u)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.DialFunc = func(ctx context.Context, network, addr string) (net.Conn, error) {
+		c, err := (&net.Dialer{}).DialContext(ctx, network, addr)
+		if err != nil {
+			return nil, err
+		}
+		return wire.Conn(c), nil
+	}
+	connector, err := mysql.NewConnector(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	db := sql.OpenDB(connector)
+	t.Cleanup(func() { _ = db.Close() })
+	return db
+}
+
+// floorCheck is what the gate's check is measured against on MariaDB/MySQL: a statement on one
+// row of another table, found by its primary key, with no condition on the token: an UPDATE
+// that sets a column to itself (InnoDB locks the row and writes nothing, as the gate's check of
+// an equal token), or a locking read. It decides nothing; it is the cost of touching a second
+// row in the service's transaction, in a round trip of its own (Check, and Exec one at a time)
+// or batched after the write (Exec with batch).
+type floorCheck struct {
+	stmt  *sql.Stmt
+	query string
+	batch bool
+}
+
+const (
+	floorUpdate = `UPDATE fenced_floor SET epoch = epoch WHERE resource = ?`
+	floorSelect = `SELECT epoch FROM fenced_floor WHERE resource = ? FOR UPDATE`
+)
+
+func newFloorCheck(query string, batch bool) func(context.Context, *gatetest.Service) (gatetest.Checker, error) {
+	return func(ctx context.Context, s *gatetest.Service) (gatetest.Checker, error) {
+		for _, q := range []string{
+			`CREATE TABLE IF NOT EXISTS fenced_floor (resource VARBINARY(255) NOT NULL PRIMARY KEY,
+				epoch BIGINT NOT NULL, generation BIGINT NOT NULL) ENGINE=InnoDB`,
+			`INSERT IGNORE INTO fenced_floor (resource, epoch, generation) SELECT resource, epoch, generation FROM ` + gate.DefaultTable,
+		} {
+			if _, err := s.DB.ExecContext(ctx, q); err != nil {
+				return nil, err
+			}
+		}
+		stmt, err := s.DB.PrepareContext(ctx, query)
+		return floorCheck{stmt: stmt, query: query, batch: batch}, err
+	}
+}
+
+func (c floorCheck) Check(ctx context.Context, tx *sql.Tx, resource string, _ fenced.Token) error {
+	s := tx.StmtContext(ctx, c.stmt)
+	defer func() { _ = s.Close() }()
+	if strings.HasPrefix(c.query, "SELECT") {
+		var e int64
+		return s.QueryRowContext(ctx, resource).Scan(&e)
+	}
+	_, err := s.ExecContext(ctx, resource)
+	return err
+}
+
+func (c floorCheck) Exec(ctx context.Context, tx *sql.Tx, resource string, t fenced.Token, write string, args ...any) error {
+	if !c.batch {
+		return checkThenWrite(ctx, c, tx, resource, t, write, args)
+	}
+	_, err := tx.ExecContext(ctx, write+"; "+c.query, append(args, resource)...)
+	return err
+}
+
+// checkThenWrite is a benchmark's Exec one statement at a time: c's check, then write.
+func checkThenWrite(ctx context.Context, c gatetest.Checker, tx *sql.Tx, resource string, t fenced.Token, write string, args []any) error {
+	if err := c.Check(ctx, tx, resource, t); err != nil {
+		return err
+	}
+	_, err := tx.ExecContext(ctx, write, args...)
+	return err
+}
+
+// mariaStatus reads the session's statement and handler counters and InnoDB's server-wide
+// redo log position and row counters (other sessions' writes add to those).
+func mariaStatus(db *sql.DB) func(context.Context) (map[string]int64, error) {
+	return func(ctx context.Context) (map[string]int64, error) {
+		m := map[string]int64{}
+		for _, q := range []string{
+			`SHOW SESSION STATUS WHERE Variable_name IN ('Questions', 'Com_select', 'Com_update', 'Com_insert',
+				'Com_stmt_execute', 'Com_stmt_prepare', 'Com_begin', 'Com_commit', 'Handler_read_key',
+				'Handler_update', 'Handler_write', 'Handler_commit', 'Handler_prepare')`,
+			`SHOW GLOBAL STATUS WHERE Variable_name IN ('Innodb_lsn_current', 'Innodb_rows_updated', 'Innodb_os_log_written')`,
+		} {
+			rows, err := db.QueryContext(ctx, q)
+			if err != nil {
+				return nil, err
+			}
+			for rows.Next() {
+				var k string
+				var v int64
+				if err := rows.Scan(&k, &v); err != nil {
+					rows.Close()
+					return nil, err
+				}
+				if strings.HasPrefix(k, "Innodb") {
+					k += "(server-wide)"
+				}
+				m[k] = v
+			}
+			if err := rows.Close(); err != nil {
+				return nil, err
+			}
+		}
+		return m, nil
+	}
+}
+
+// TestGateCounts logs, per transaction, the round trips and bytes the client sends, the
+// session's statement and handler counters and InnoDB's redo bytes, for the raw transaction,
+// the gate's Check and Exec and the floors', one statement at a time and batched. Run with
+// FENCED_GATE_COUNTS=1 and -v.
+func TestGateCounts(t *testing.T) {
+	if os.Getenv("FENCED_GATE_COUNTS") == "" {
+		t.Skip("set FENCED_GATE_COUNTS=1 to count")
+	}
+	for _, batch := range []bool{false, true} {
+		t.Run(fmt.Sprint("batched=", batch), func(t *testing.T) {
+			var wire gatetest.Wire
+			query, cfg := "", (*gate.Config)(nil)
+			if batch {
+				query, cfg = "multiStatements=true", &gate.Config{MySQLMultiStatements: true}
+			}
+			db := openWire(t, query, &wire)
+			db.SetMaxOpenConns(1)
+			s := gatetest.NewService(t, gatetest.Engine{Dialect: gate.MySQL, Config: cfg, Open: func(testing.TB) *sql.DB { return db }})
+			rows := gatetest.Counts(t, s, &wire, 500, mariaStatus(db), map[string]func(context.Context, *gatetest.Service) (gatetest.Checker, error){
+				"floor-update": newFloorCheck(floorUpdate, batch),
+				"floor-select": newFloorCheck(floorSelect, batch),
+			})
+			for _, r := range rows {
+				t.Log(r)
+			}
+		})
+	}
+}
+
+// BenchmarkGateFloor: the gate's transactions beside the same transactions with floorCheck's
+// no-op UPDATE in place of the check, in the same rounds, one at a time and batched. Run with:
+// go test -run '^$' -bench GateFloor -benchtime 2s -count 3 ./backend/mysql/
+func BenchmarkGateFloor(b *testing.B) {
+	b.Run("batched=false", func(b *testing.B) { gatetest.BenchFloor(b, gateEngine, newFloorCheck(floorUpdate, false)) })
+	b.Run("batched=true", func(b *testing.B) { gatetest.BenchFloor(b, batchedEngine, newFloorCheck(floorUpdate, true)) })
+}

@@ -1,0 +1,83 @@
+package gate_test
+
+import (
+	"context"
+	"database/sql"
+	"fmt"
+	"os"
+	"testing"
+
+	"github.com/fenced-dev/fenced"
+	"github.com/fenced-dev/fenced/destination/gate"
+	"github.com/fenced-dev/fenced/destination/gate/gatetest"
+)
+
+// pgFloor is what the gate's check is measured against on PostgreSQL: a statement that locks
+// one row of another table FOR SHARE, found by its primary key, with no condition on it and
+// no raise beside it. It decides nothing (it accepts whenever the row exists); it is the cost
+// of touching a second row in the service's transaction.
+type pgFloor struct{}
+
+const pgFloorLock = `SELECT EXISTS (SELECT FROM fenced_floor WHERE resource = $%d FOR SHARE)`
+
+func newPGFloor(ctx context.Context, s *gatetest.Service) (gatetest.Checker, error) {
+	for _, q := range []string{
+		`CREATE TABLE fenced_floor (resource text PRIMARY KEY, epoch bigint NOT NULL, generation bigint NOT NULL)`,
+		`INSERT INTO fenced_floor SELECT resource, epoch, generation FROM ` + gate.DefaultTable,
+	} {
+		if _, err := s.DB.ExecContext(ctx, q); err != nil {
+			return nil, err
+		}
+	}
+	return pgFloor{}, nil
+}
+
+func (pgFloor) Check(ctx context.Context, tx *sql.Tx, resource string, _ fenced.Token) error {
+	return pgFloorAnswer(tx.QueryRowContext(ctx, fmt.Sprintf(pgFloorLock, 1), resource))
+}
+
+func (pgFloor) Exec(ctx context.Context, tx *sql.Tx, resource string, _ fenced.Token, write string, args ...any) error {
+	q := `WITH fenced_write AS (` + write + `) ` + fmt.Sprintf(pgFloorLock, len(args)+1)
+	return pgFloorAnswer(tx.QueryRowContext(ctx, q, append(args, resource)...))
+}
+
+func pgFloorAnswer(row *sql.Row) error {
+	var ok bool
+	if err := row.Scan(&ok); err != nil || !ok {
+		return fmt.Errorf("floor: row not found (%v)", err)
+	}
+	return nil
+}
+
+// BenchmarkGateFloor: on PostgreSQL, the gate's transactions beside the same transactions with
+// pgFloor in place of the check, in the same rounds. Run with:
+// go test -run '^$' -bench GateFloor -benchtime 2s -count 3 ./destination/gate/
+func BenchmarkGateFloor(b *testing.B) {
+	gatetest.BenchFloor(b, gatetest.Engine{Dialect: gate.Postgres, Open: openPostgres}, newPGFloor)
+}
+
+// TestPostgresCounts logs, per transaction, the round trips and bytes the client sends and the
+// WAL PostgreSQL inserts (a server-wide counter: other sessions' writes add to it), for the
+// raw transaction, the gate's Check and Exec, and pgFloor's. Run with FENCED_GATE_COUNTS=1 and -v.
+// It fails if Exec costs a round trip more than the raw transaction.
+func TestPostgresCounts(t *testing.T) {
+	if os.Getenv("FENCED_GATE_COUNTS") == "" {
+		t.Skip("set FENCED_GATE_COUNTS=1 to count")
+	}
+	var wire gatetest.Wire
+	db := openPostgresWith(t, wire.Conn)
+	db.SetMaxOpenConns(1)
+	s := gatetest.NewService(t, gatetest.Engine{Dialect: gate.Postgres, Open: func(testing.TB) *sql.DB { return db }})
+	status := func(ctx context.Context) (map[string]int64, error) {
+		var wal int64
+		err := db.QueryRowContext(ctx, `SELECT pg_wal_lsn_diff(pg_current_wal_insert_lsn(), '0/0')::bigint`).Scan(&wal)
+		return map[string]int64{"wal_bytes(server-wide)": wal}, err
+	}
+	rows := gatetest.Counts(t, s, &wire, 500, status, map[string]func(context.Context, *gatetest.Service) (gatetest.Checker, error){"floor": newPGFloor})
+	for _, r := range rows {
+		t.Log(r)
+	}
+	if rows[0].Name != "raw" || rows[2].Name != "exec" || rows[2].RoundTrips > rows[0].RoundTrips+0.01 {
+		t.Errorf("exec %.2f round trips, raw %.2f", rows[2].RoundTrips, rows[0].RoundTrips)
+	}
+}
