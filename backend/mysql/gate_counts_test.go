@@ -3,6 +3,7 @@ package mysql
 import (
 	"context"
 	"database/sql"
+	"errors"
 	"fmt"
 	"net"
 	"os"
@@ -10,6 +11,7 @@ import (
 	"testing"
 
 	"github.com/fenced-dev/fenced"
+	"github.com/fenced-dev/fenced/destination"
 	"github.com/fenced-dev/fenced/destination/gate"
 	"github.com/fenced-dev/fenced/destination/gate/gatetest"
 	"github.com/go-sql-driver/mysql"
@@ -103,6 +105,20 @@ func checkThenWrite(ctx context.Context, c gatetest.Checker, tx *sql.Tx, resourc
 	return err
 }
 
+// markedService is a service of e whose resource res has the mark m.
+func markedService(t *testing.T, e gatetest.Engine, res string, m fenced.Token) *gatetest.Service {
+	t.Helper()
+	ctx := context.Background()
+	s := gatetest.NewService(t, e)
+	if err := s.Gate.Add(ctx, res); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Gate.Fence(ctx, res, m); err != nil {
+		t.Fatal(err)
+	}
+	return s
+}
+
 // mariaStatus reads the session's statement and handler counters and InnoDB's server-wide
 // redo log position and row counters (other sessions' writes add to those).
 func mariaStatus(db *sql.DB) func(context.Context) (map[string]int64, error) {
@@ -173,4 +189,116 @@ func TestGateCounts(t *testing.T) {
 func BenchmarkGateFloor(b *testing.B) {
 	b.Run("batched=false", func(b *testing.B) { gatetest.BenchFloor(b, gateEngine, newFloorCheck(floorUpdate, false)) })
 	b.Run("batched=true", func(b *testing.B) { gatetest.BenchFloor(b, batchedEngine, newFloorCheck(floorUpdate, true)) })
+}
+
+// TestGateDetectsBatches: a gate without Config.MySQLMultiStatements finds out once whether its
+// database's connections take a batch, and Exec then sends the write and the check in one
+// round trip where they do (as many round trips a transaction as the raw one) and in two where
+// they do not (one more). Either way a stale token is refused and leaves the data as it was.
+// Before the detection, Exec sent one more than the raw transaction on every DSN.
+func TestGateDetectsBatches(t *testing.T) {
+	t.Parallel()
+	for _, c := range []struct {
+		query string
+		more  int64 // round trips of Exec's transaction beyond the raw one's
+	}{
+		{"multiStatements=true", 0},
+		{"", 1},
+		{"multiStatements=true&interpolateParams=false", 1}, // the write is sent as a prepared statement
+		{"interpolateParams=false", 1},
+	} {
+		t.Run("dsn="+c.query, func(t *testing.T) {
+			t.Parallel()
+			ctx := context.Background()
+			var wire gatetest.Wire
+			db := openWire(t, c.query, &wire)
+			const res = "rapport nº 12; ü"
+			s := markedService(t, gatetest.Engine{Dialect: gate.MySQL, Open: func(testing.TB) *sql.DB { return db }}, res, gatetest.Tok(1, 3))
+			raw := func() int64 {
+				before := wire.Writes()
+				tx, err := db.BeginTx(ctx, nil)
+				if err != nil {
+					t.Fatal(err)
+				}
+				defer func() { _ = tx.Rollback() }()
+				if err := s.WriteTx(ctx, tx, res, []byte("raw")); err != nil {
+					t.Fatal(err)
+				}
+				if err := tx.Commit(); err != nil {
+					t.Fatal(err)
+				}
+				return wire.Writes() - before
+			}
+			raw()
+			want := raw() + c.more
+			for i := range 3 {
+				before := wire.Writes()
+				if err := s.WriteExec(ctx, res, gatetest.Tok(1, 3), []byte(fmt.Sprint("under 3 \x00", i))); err != nil {
+					t.Fatal(err)
+				}
+				if n := wire.Writes() - before; n != want {
+					t.Errorf("write %d: %d round trips, want %d", i, n, want)
+				}
+			}
+			if err := s.WriteExec(ctx, res, gatetest.Tok(1, 2), []byte("stale")); !errors.Is(err, destination.ErrStale) {
+				t.Fatalf("a stale write: %v", err)
+			}
+			if b, err := s.Read(ctx, res); err != nil || string(b) != "under 3 \x002" {
+				t.Fatalf("data %q (%v) after a stale write", b, err)
+			}
+		})
+	}
+}
+
+// TestGateDetected runs the destination suite and the gate's tests with a gate that found out
+// by itself that its connections take a batch (no Config.MySQLMultiStatements).
+func TestGateDetected(t *testing.T) {
+	t.Parallel()
+	e := batchedEngine
+	e.Config = nil
+	gatetest.Run(t, e)
+}
+
+// TestGateBatchAfterAComment: a write whose text ends in a comment is still followed by the
+// check in a batch (the comment ends at the newline that joins them), forced or detected: a
+// stale token is refused, a newer one raises the mark. Joined by "; " alone, the check would
+// be part of the comment.
+func TestGateBatchAfterAComment(t *testing.T) {
+	t.Parallel()
+	detected := batchedEngine
+	detected.Config = nil
+	for name, e := range map[string]gatetest.Engine{"forced": batchedEngine, "detected": detected} {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			ctx := context.Background()
+			const res = "rapport nº 13"
+			s := markedService(t, e, res, gatetest.Tok(1, 5))
+			for _, comment := range []string{" -- the service's note", " # note"} {
+				write := `INSERT INTO gate_data (resource, data) VALUES (?, ?) ON DUPLICATE KEY UPDATE data = VALUES(data)` + comment
+				exec := func(tok fenced.Token, data string) error {
+					tx, err := s.DB.BeginTx(ctx, nil)
+					if err != nil {
+						t.Fatal(err)
+					}
+					if err := s.Gate.Exec(ctx, tx, res, tok, write, res, []byte(data)); err != nil {
+						_ = tx.Rollback()
+						return err
+					}
+					return tx.Commit()
+				}
+				if err := exec(gatetest.Tok(1, 4), "stale"); !errors.Is(err, destination.ErrStale) {
+					t.Errorf("%q: a stale write: %v", comment, err)
+				}
+				if err := exec(gatetest.Tok(1, 6), "newer"+comment); err != nil {
+					t.Fatalf("%q: a newer write: %v", comment, err)
+				}
+				if m, err := s.Gate.Mark(ctx, res); err != nil || m != gatetest.Tok(1, 6) {
+					t.Errorf("%q: mark %s (%v), want %s", comment, m, err, gatetest.Tok(1, 6))
+				}
+				if b, _ := s.Read(ctx, res); string(b) != "newer"+comment {
+					t.Errorf("%q: data %q", comment, b)
+				}
+			}
+		})
+	}
 }

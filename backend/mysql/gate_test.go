@@ -215,14 +215,8 @@ func TestGateInsertIDOfAnEarlierStatement(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	for _, e := range []gatetest.Engine{gateEngine, batchedEngine} {
-		s := gatetest.NewService(t, e)
 		const res = "rapport nº 11"
-		if err := s.Gate.Add(ctx, res); err != nil {
-			t.Fatal(err)
-		}
-		if err := s.Gate.Fence(ctx, res, gatetest.Tok(1, 5)); err != nil {
-			t.Fatal(err)
-		}
+		s := markedService(t, e, res, gatetest.Tok(1, 5))
 		for _, c := range []struct {
 			resource string
 			token    fenced.Token

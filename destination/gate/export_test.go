@@ -76,6 +76,7 @@ func (g *Gate) forget() {
 	}
 	g.execs.Clear()
 	g.nExecs.Store(0)
+	g.batchable.Store(batchUnknown)
 }
 
 // ExecQuery is Exec's statement on PostgreSQL for write with n arguments, and the number of

@@ -60,11 +60,12 @@ type Config struct {
 	// Table holds the marks, one row per resource. Default DefaultTable. A plain identifier:
 	// letters, digits and underscores.
 	Table string
-	// MySQLMultiStatements makes Exec on MySQL/MariaDB send the service's write and the check
-	// in one round trip, as a batch of two statements. Set it only if db was opened with
+	// MySQLMultiStatements makes Exec on MySQL/MariaDB always send the service's write and the
+	// check in one round trip, as a batch of two statements. Set it only if db was opened with
 	// go-sql-driver/mysql's multiStatements=true and interpolateParams=true (a batch cannot be
-	// a server-side prepared statement); the batch is refused otherwise. Default false: Exec
-	// is Check, then the write, two round trips.
+	// a server-side prepared statement); the batch is refused otherwise. Default false: the
+	// gate finds out once whether db's connections take such a batch (see Exec), and until it
+	// knows, or when they do not, Exec is Check, then the write, two round trips.
 	MySQLMultiStatements bool
 }
 
@@ -77,6 +78,10 @@ type Gate struct {
 	d     Dialect
 	q     queries
 	batch bool // MySQLMultiStatements
+
+	// batchable is what probeBatch found on MySQL without MySQLMultiStatements: batchUnknown
+	// until a probe gave an answer, batchProbing while one runs.
+	batchable atomic.Int32
 
 	// stmt is the check, prepared once; Check runs it through tx.StmtContext, which reuses
 	// the statement already prepared on the transaction's connection: the check is then
@@ -95,6 +100,18 @@ type Gate struct {
 
 const maxExecs = 256
 
+const (
+	batchUnknown int32 = iota
+	batchProbing
+	batchYes
+	batchNo
+)
+
+// batchSep joins the write and the check in a batch. The newline ends a comment that the
+// write's text may end with (-- or #), which would otherwise swallow the check; a block comment
+// left open makes the batch a syntax error.
+const batchSep = "\n; "
+
 type execKey struct {
 	write string
 	n     int // the write's arguments
@@ -106,13 +123,63 @@ type execKey struct {
 // does not exist yet) is left for the next call and for the check itself to report.
 func (g *Gate) prepare(ctx context.Context) {
 	g.stmtMu.Lock()
-	defer g.stmtMu.Unlock()
-	if g.stmt != nil {
-		return
+	if g.stmt == nil {
+		if s, err := g.db.PrepareContext(ctx, g.q.check); err == nil {
+			g.stmt = s
+		}
 	}
-	if s, err := g.db.PrepareContext(ctx, g.q.check); err == nil {
-		g.stmt = s
+	prepared := g.stmt != nil
+	g.stmtMu.Unlock()
+	// Only once the check is prepared (its table exists, so a probe that fails is refused
+	// as a batch), by one caller at a time, without holding stmtMu: the probe takes a
+	// connection from the pool, which a caller in a transaction may hold while it waits for
+	// stmtMu in Check.
+	if prepared && g.d == MySQL && !g.batch && g.batchable.CompareAndSwap(batchUnknown, batchProbing) {
+		ok, err := g.probeBatch(ctx)
+		switch {
+		case ok:
+			g.batchable.Store(batchYes)
+		case err != nil && ctx.Err() != nil: // cancelled: no answer, ask again next time
+			g.batchable.Store(batchUnknown)
+		default:
+			g.batchable.Store(batchNo)
+		}
 	}
+}
+
+// probeBatch finds out whether Exec can send the write and the check as one batch on db's
+// connections: whether they take a batch with parameters (go-sql-driver/mysql's
+// multiStatements and interpolateParams), and whether the result of a batch is its last
+// statement's, which Exec reads the check's decision from. It sends, in a transaction it rolls
+// back, the two batches a mark of its own would give: one that adds the mark and checks the
+// mark's token (the last statement's insert id is 1, the first's 0), and one that checks it
+// again and ends with a statement that reports no insert id (the last's is 0, the first's 1).
+// The mark is named "", a name Add refuses. Any other answer, an error included, is false:
+// Exec then keeps to two round trips, which is always correct.
+func (g *Gate) probeBatch(ctx context.Context) (bool, error) {
+	tx, err := g.db.BeginTx(ctx, nil)
+	if err != nil {
+		return false, err
+	}
+	defer func() { _ = tx.Rollback() }()
+	args := g.q.checkArgs("", fenced.Token{})
+	for _, b := range []struct {
+		query string
+		args  []any
+		want  int64
+	}{
+		{g.q.add + batchSep + g.q.check, append([]any{""}, args...), 1},
+		{g.q.check + batchSep + "DO 0", args, 0},
+	} {
+		res, err := tx.ExecContext(ctx, b.query, b.args...)
+		if err != nil {
+			return false, err
+		}
+		if id, err := res.LastInsertId(); err != nil || id != b.want {
+			return false, err
+		}
+	}
+	return true, nil
 }
 
 func (g *Gate) prepared() *sql.Stmt {
@@ -264,7 +331,7 @@ func (g *Gate) checkAfter(ctx context.Context, ex execer, resource string, token
 	}
 	query, what := g.q.check, "check"
 	if before != "" {
-		query, what = before+"; "+query, "write and check in one batch (does the DSN have multiStatements=true and interpolateParams=true?)"
+		query, what = before+batchSep+query, "write and check in one batch (does the DSN have multiStatements=true and interpolateParams=true?)"
 	}
 	accepted, err := g.accepted(ctx, ex, query, append(args, g.q.checkArgs(resource, token)...))
 	if err != nil {
@@ -302,17 +369,21 @@ func (g *Gate) accepted(ctx context.Context, ex execer, query string, args []any
 // statement answers whether the check accepted, so the check costs no round trip of its own.
 // write must then be one INSERT, UPDATE or DELETE without a WITH clause of its own or a
 // trailing semicolon, its parameters $1 to $n (the gate's follow); the combined statement is
-// built once per write text, for up to 256 texts, so write should be a constant. On MySQL with
-// Config.MySQLMultiStatements, write and then the check go as one batch, in one round trip, and
-// the batch's result (go-sql-driver reports the last statement's) says whether the check
-// accepted; write must then be one statement without a trailing semicolon. Otherwise
-// (SQLite, MySQL by default) Exec is Check, then write: two statements, two round trips.
+// built once per write text, for up to 256 texts, so write should be a constant. On MySQL,
+// write and then the check go as one batch, in one round trip, and the batch's result
+// (go-sql-driver reports the last statement's) says whether the check accepted: with
+// Config.MySQLMultiStatements always, and otherwise when the gate has found that db's
+// connections take such a batch (go-sql-driver/mysql with multiStatements=true and
+// interpolateParams=true), which it finds out once, outside a transaction, as soon as it has
+// prepared its check (see Check). write must then be one statement without a trailing
+// semicolon. Otherwise (SQLite, MySQL until the gate knows or when the connections do not take
+// a batch) Exec is Check, then write: two statements, two round trips.
 //
 // A refusal is *destination.StaleError (or ErrUnknownResource) as from Check, but the write
 // may have run in tx: the caller must roll tx back, as after any error. Exec does not return
 // the write's row count.
 func (g *Gate) Exec(ctx context.Context, tx *sql.Tx, resource string, token fenced.Token, write string, args ...any) error {
-	if g.batch {
+	if g.batch || g.batchable.Load() == batchYes {
 		return g.checkAfter(ctx, tx, resource, token, write, args)
 	}
 	if g.d != Postgres {

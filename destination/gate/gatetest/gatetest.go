@@ -767,6 +767,9 @@ type Wire struct{ writes, bytes, reads atomic.Int64 }
 
 func (w *Wire) Conn(c net.Conn) net.Conn { return wireConn{c, w} }
 
+// Writes is the number of requests sent so far.
+func (w *Wire) Writes() int64 { return w.writes.Load() }
+
 type wireConn struct {
 	net.Conn
 	w *Wire
