@@ -260,9 +260,9 @@ func TestGateDetected(t *testing.T) {
 }
 
 // TestGateBatchAfterAComment: a write whose text ends in a comment is still followed by the
-// check in a batch (the comment ends at the newline that joins them), forced or detected: a
-// stale token is refused, a newer one raises the mark. Joined by "; " alone, the check would
-// be part of the comment.
+// check in a batch (the comment ends at the newline that joins them), and one that ends in a
+// semicolon too, forced or detected: a stale token is refused, a newer one raises the mark.
+// Joined by "; " alone, the check would be part of the comment.
 func TestGateBatchAfterAComment(t *testing.T) {
 	t.Parallel()
 	detected := batchedEngine
@@ -273,7 +273,7 @@ func TestGateBatchAfterAComment(t *testing.T) {
 			ctx := context.Background()
 			const res = "rapport nº 13"
 			s := markedService(t, e, res, gatetest.Tok(1, 5))
-			for _, comment := range []string{" -- the service's note", " # note"} {
+			for i, comment := range []string{" -- the service's note", " # note", ";", " ; \n"} {
 				write := `INSERT INTO gate_data (resource, data) VALUES (?, ?) ON DUPLICATE KEY UPDATE data = VALUES(data)` + comment
 				exec := func(tok fenced.Token, data string) error {
 					tx, err := s.DB.BeginTx(ctx, nil)
@@ -286,14 +286,15 @@ func TestGateBatchAfterAComment(t *testing.T) {
 					}
 					return tx.Commit()
 				}
+				newer := gatetest.Tok(1, int64(6+i))
 				if err := exec(gatetest.Tok(1, 4), "stale"); !errors.Is(err, destination.ErrStale) {
 					t.Errorf("%q: a stale write: %v", comment, err)
 				}
-				if err := exec(gatetest.Tok(1, 6), "newer"+comment); err != nil {
+				if err := exec(newer, "newer"+comment); err != nil {
 					t.Fatalf("%q: a newer write: %v", comment, err)
 				}
-				if m, err := s.Gate.Mark(ctx, res); err != nil || m != gatetest.Tok(1, 6) {
-					t.Errorf("%q: mark %s (%v), want %s", comment, m, err, gatetest.Tok(1, 6))
+				if m, err := s.Gate.Mark(ctx, res); err != nil || m != newer {
+					t.Errorf("%q: mark %s (%v), want %s", comment, m, err, newer)
 				}
 				if b, _ := s.Read(ctx, res); string(b) != "newer"+comment {
 					t.Errorf("%q: data %q", comment, b)

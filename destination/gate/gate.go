@@ -331,6 +331,8 @@ func (g *Gate) checkAfter(ctx context.Context, ex execer, resource string, token
 	}
 	query, what := g.q.check, "check"
 	if before != "" {
+		// A semicolon that ends the write would leave an empty statement before the check.
+		before = strings.TrimRight(before, "; \t\r\n")
 		query, what = before+batchSep+query, "write and check in one batch (does the DSN have multiStatements=true and interpolateParams=true?)"
 	}
 	accepted, err := g.accepted(ctx, ex, query, append(args, g.q.checkArgs(resource, token)...))
@@ -375,8 +377,8 @@ func (g *Gate) accepted(ctx context.Context, ex execer, query string, args []any
 // Config.MySQLMultiStatements always, and otherwise when the gate has found that db's
 // connections take such a batch (go-sql-driver/mysql with multiStatements=true and
 // interpolateParams=true), which it finds out once, outside a transaction, as soon as it has
-// prepared its check (see Check). write must then be one statement without a trailing
-// semicolon. Otherwise (SQLite, MySQL until the gate knows or when the connections do not take
+// prepared its check (see Check); write is then one statement (a semicolon at its end is
+// dropped). Otherwise (SQLite, MySQL until the gate knows or when the connections do not take
 // a batch) Exec is Check, then write: two statements, two round trips.
 //
 // A refusal is *destination.StaleError (or ErrUnknownResource) as from Check, but the write
