@@ -81,3 +81,42 @@ func TestPostgresCounts(t *testing.T) {
 		t.Errorf("exec %.2f round trips, raw %.2f", rows[2].RoundTrips, rows[0].RoundTrips)
 	}
 }
+
+// pgFunction is a candidate check on PostgreSQL, measured beside the gate's: a PL/pgSQL
+// function that first locks the mark FOR SHARE where it equals the token (a holder's every
+// write after its first: one locking read, no UPDATE node), and otherwise runs the gate's
+// raise and then its share lock where the mark is not newer. Not used by the gate.
+type pgFunction struct{}
+
+func newPGFunction(ctx context.Context, s *gatetest.Service) (gatetest.Checker, error) {
+	_, err := s.DB.ExecContext(ctx, `CREATE FUNCTION fenced_gate_check(r text, e bigint, g bigint) RETURNS boolean
+		LANGUAGE plpgsql AS $$
+		BEGIN
+			PERFORM FROM `+gate.DefaultTable+` WHERE resource = r AND epoch = e AND generation = g FOR SHARE;
+			IF FOUND THEN
+				RETURN true;
+			END IF;
+			UPDATE `+gate.DefaultTable+` SET epoch = e, generation = g WHERE resource = r AND (epoch < e OR (epoch = e AND generation < g));
+			IF FOUND THEN
+				RETURN true;
+			END IF;
+			RETURN EXISTS (SELECT FROM `+gate.DefaultTable+` WHERE resource = r AND (epoch < e OR (epoch = e AND generation <= g)) FOR SHARE);
+		END $$`)
+	return pgFunction{}, err
+}
+
+func (pgFunction) Check(ctx context.Context, tx *sql.Tx, resource string, t fenced.Token) error {
+	return pgFloorAnswer(tx.QueryRowContext(ctx, `SELECT fenced_gate_check($1, $2, $3)`, resource, t.Epoch, t.Generation))
+}
+
+func (pgFunction) Exec(ctx context.Context, tx *sql.Tx, resource string, t fenced.Token, write string, args ...any) error {
+	n := len(args)
+	q := fmt.Sprintf(`WITH fenced_write AS (%s) SELECT fenced_gate_check($%d, $%d, $%d)`, write, n+1, n+2, n+3)
+	return pgFloorAnswer(tx.QueryRowContext(ctx, q, append(args, resource, t.Epoch, t.Generation)...))
+}
+
+// BenchmarkGateFunction: the gate's check beside pgFunction's, in the same rounds. Run with:
+// go test -run '^$' -bench GateFunction -benchtime 2s -count 3 ./destination/gate/
+func BenchmarkGateFunction(b *testing.B) {
+	gatetest.BenchBeside(b, gatetest.Engine{Dialect: gate.Postgres, Open: openPostgres}, "function", newPGFunction)
+}

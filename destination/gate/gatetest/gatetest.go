@@ -719,8 +719,15 @@ func BenchAgainst(b *testing.B, e Engine, earlier func(context.Context, *Service
 // what any second row costs the transaction, whatever decides on it. Its sub-benchmark
 // "floor" reports gate/floor-gate-median and exec/floor-exec-median.
 func BenchFloor(b *testing.B, e Engine, floor func(context.Context, *Service) (Checker, error)) {
+	BenchBeside(b, e, "floor", floor)
+}
+
+// BenchBeside runs the service's transactions with the gate beside the same transactions with
+// other's Checker, in a sub-benchmark called name that reports gate/name-gate-median and
+// exec/name-exec-median: a candidate for a cheaper check, measured in the same rounds.
+func BenchBeside(b *testing.B, e Engine, name string, other func(context.Context, *Service) (Checker, error)) {
 	s := NewService(b, e)
-	beside(b, newTxns(b, s), "floor", "floor", floor)
+	beside(b, newTxns(b, s), name, name, other)
 }
 
 // beside runs, in each round, the raw transaction, the gate's Check and Exec transactions and
