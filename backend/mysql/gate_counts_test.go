@@ -303,3 +303,23 @@ func TestGateBatchAfterAComment(t *testing.T) {
 		})
 	}
 }
+
+// oneAtATime is the gate whose Exec sends the check and then the write, as Exec did on every
+// DSN before the gate found out by itself that a DSN takes a batch.
+type oneAtATime struct{ *gate.Gate }
+
+func (c oneAtATime) Exec(ctx context.Context, tx *sql.Tx, resource string, t fenced.Token, write string, args ...any) error {
+	return checkThenWrite(ctx, c, tx, resource, t, write, args)
+}
+
+// BenchmarkGateDetected: on a DSN that takes a batch, Exec of a gate without
+// Config.MySQLMultiStatements (found out: one batch) beside the same gate one statement at a
+// time, in the same rounds (exec/one-at-a-time-exec-median). Run with:
+// go test -run '^$' -bench GateDetected -benchtime 2s -count 3 ./backend/mysql/
+func BenchmarkGateDetected(b *testing.B) {
+	e := batchedEngine
+	e.Config = nil
+	gatetest.BenchBeside(b, e, "one-at-a-time", func(_ context.Context, s *gatetest.Service) (gatetest.Checker, error) {
+		return oneAtATime{s.Gate}, nil
+	})
+}
