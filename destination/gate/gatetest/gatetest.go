@@ -684,22 +684,16 @@ func BenchAgainst(b *testing.B, e Engine, earlier func(context.Context, *Service
 	})
 	// Interleaved runs the three in alternation, so that the load of a shared machine falls on
 	// all alike, and reports each one's mean, the ratios of the means to the raw transaction,
-	// and the medians of the per-round ratios (a round is one of each), which a burst of load
+	// and the medians of the per-round ratios (a round is one of each, in rotated order), which a burst of load
 	// on a shared machine moves less.
 	b.Run("interleaved", func(b *testing.B) {
 		var tRaw, tGate, tExec time.Duration
 		var rGate, rExec []float64
-		for b.Loop() {
-			t0 := time.Now()
-			raw(b)
-			t1 := time.Now()
-			gated(b)
-			t2 := time.Now()
-			execd(b)
-			t3 := time.Now()
-			tRaw, tGate, tExec = tRaw+t1.Sub(t0), tGate+t2.Sub(t1), tExec+t3.Sub(t2)
-			rGate = append(rGate, float64(t2.Sub(t1))/float64(t1.Sub(t0)))
-			rExec = append(rExec, float64(t3.Sub(t2))/float64(t1.Sub(t0)))
+		for round := 0; b.Loop(); round++ {
+			d := rotated(b, round, raw, gated, execd)
+			tRaw, tGate, tExec = tRaw+d[0], tGate+d[1], tExec+d[2]
+			rGate = append(rGate, float64(d[1])/float64(d[0]))
+			rExec = append(rExec, float64(d[2])/float64(d[0]))
 		}
 		b.ReportMetric(benchstat.Median(rGate), "gate/raw-median")
 		b.ReportMetric(benchstat.Median(rExec), "exec/raw-median")
@@ -742,16 +736,7 @@ func beside(b *testing.B, x *txns, name, short string, other func(context.Contex
 		names := []string{"raw", "gate", short + "-gate", "exec", short + "-exec"}
 		rounds := make([][]float64, len(fns))
 		for round := 0; b.Loop(); round++ {
-			// Each round starts one transaction further on, so that each runs as often in
-			// each place of a round: the transaction after the raw one is otherwise slower
-			// (the same Check measured in the second and third places differed by 3-15 %).
-			var d [5]time.Duration
-			for i := range fns {
-				k := (i + round) % len(fns)
-				t0 := time.Now()
-				fns[k](b)
-				d[k] = time.Since(t0)
-			}
+			d := rotated(b, round, fns...)
 			for k := range fns {
 				rounds[k] = append(rounds[k], float64(d[k]))
 			}
@@ -769,6 +754,21 @@ func beside(b *testing.B, x *txns, name, short string, other func(context.Contex
 		b.ReportMetric(ratio(1, 2), "gate/"+names[2]+"-median")
 		b.ReportMetric(ratio(3, 4), "exec/"+names[4]+"-median")
 	})
+}
+
+// rotated runs fns once each, starting at fns[round % len(fns)], and returns each one's time.
+// Rotating the start from round to round runs each transaction as often in each place of a
+// round: in a fixed order, the same Check measured in the second and in the third place
+// differed by 3-15 % on a loaded machine.
+func rotated(b *testing.B, round int, fns ...func(testing.TB)) []time.Duration {
+	d := make([]time.Duration, len(fns))
+	for i := range fns {
+		k := (i + round) % len(fns)
+		t0 := time.Now()
+		fns[k](b)
+		d[k] = time.Since(t0)
+	}
+	return d
 }
 
 // Wire counts what a client sends its database: each request (a statement, a BEGIN, a COMMIT,
