@@ -684,8 +684,8 @@ func BenchAgainst(b *testing.B, e Engine, earlier func(context.Context, *Service
 	})
 	// Interleaved runs the three in alternation, so that the load of a shared machine falls on
 	// all alike, and reports each one's mean, the ratios of the means to the raw transaction,
-	// and the medians of the per-round ratios (a round is one of each, in rotated order), which a burst of load
-	// on a shared machine moves less.
+	// and the medians of the per-round ratios (a round is one of each, in rotated order),
+	// which a burst of load on a shared machine moves less.
 	b.Run("interleaved", func(b *testing.B) {
 		var tRaw, tGate, tExec time.Duration
 		var rGate, rExec []float64
