@@ -7,8 +7,10 @@ import (
 	"fmt"
 	"net"
 	"os"
+	"strconv"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/fenced-dev/fenced"
 	"github.com/fenced-dev/fenced/destination"
@@ -119,6 +121,51 @@ func markedService(t *testing.T, e gatetest.Engine, res string, m fenced.Token) 
 	return s
 }
 
+// connectionThread returns the server's process and the thread that serves db's one
+// connection, when the server runs on this host with one thread per connection: the thread
+// whose CPU time grows most while the connection computes.
+func connectionThread(t testing.TB, db *sql.DB) (pid, tid int, ok bool) {
+	var name, file string
+	if err := db.QueryRow(`SHOW VARIABLES LIKE 'pid_file'`).Scan(&name, &file); err != nil {
+		return 0, 0, false
+	}
+	b, err := os.ReadFile(file)
+	if err != nil {
+		return 0, 0, false
+	}
+	if pid, err = strconv.Atoi(strings.TrimSpace(string(b))); err != nil {
+		return 0, 0, false
+	}
+	before, err := gatetest.Threads(pid)
+	if err != nil {
+		return 0, 0, false
+	}
+	if _, err := db.Exec(`DO BENCHMARK(3000000, MD5('fenced'))`); err != nil {
+		t.Fatal(err)
+	}
+	after, _ := gatetest.Threads(pid)
+	var most time.Duration
+	for k, v := range after {
+		if d := v - before[k]; d > most {
+			most, tid = d, k
+		}
+	}
+	return pid, tid, tid != 0
+}
+
+// threadCPU reads the CPU time of the server's thread for db's one connection, or nil when
+// connectionThread does not find it.
+func threadCPU(t testing.TB, db *sql.DB) func() time.Duration {
+	pid, tid, ok := connectionThread(t, db)
+	if !ok {
+		return nil
+	}
+	return func() time.Duration {
+		cpu, _ := gatetest.ThreadCPU(pid, tid)
+		return cpu
+	}
+}
+
 // mariaStatus reads the session's statement and handler counters and InnoDB's server-wide
 // redo log position and row counters (other sessions' writes add to those).
 func mariaStatus(db *sql.DB) func(context.Context) (map[string]int64, error) {
@@ -172,7 +219,7 @@ func TestGateCounts(t *testing.T) {
 			db := openWire(t, query, &wire)
 			db.SetMaxOpenConns(1)
 			s := gatetest.NewService(t, gatetest.Engine{Dialect: gate.MySQL, Config: cfg, Open: func(testing.TB) *sql.DB { return db }})
-			rows := gatetest.Counts(t, s, &wire, 500, mariaStatus(db), map[string]func(context.Context, *gatetest.Service) (gatetest.Checker, error){
+			rows := gatetest.Counts(t, s, &wire, 500, mariaStatus(db), threadCPU(t, db), map[string]func(context.Context, *gatetest.Service) (gatetest.Checker, error){
 				"floor-update": newFloorCheck(floorUpdate, batch),
 				"floor-select": newFloorCheck(floorSelect, batch),
 			})

@@ -807,7 +807,11 @@ func (c wireConn) Write(p []byte) (int, error) {
 // the round trips and bytes sent (wire) and the deltas of the counters status reads, less the
 // deltas of reading status alone. Variants: raw, gate (Check), exec, and the same with the
 // Checker that each of others returns for s.
-func Counts(t testing.TB, s *Service, wire *Wire, n int, status func(context.Context) (map[string]int64, error), others map[string]func(context.Context, *Service) (Checker, error)) []CountRow {
+//
+// The times (elapsed, this process's CPU, and the server's CPU for the connection that
+// serverCPU reads, if not nil) are taken in n further rounds that run every transaction once
+// each, in rotated order, so that the load of a shared machine falls on all alike.
+func Counts(t testing.TB, s *Service, wire *Wire, n int, status func(context.Context) (map[string]int64, error), serverCPU func() time.Duration, others map[string]func(context.Context, *Service) (Checker, error)) []CountRow {
 	x := newTxns(t, s)
 	ctx := context.Background()
 	type variant struct {
@@ -829,18 +833,16 @@ func Counts(t testing.TB, s *Service, wire *Wire, n int, status func(context.Con
 			return CountRow{}, err
 		}
 		w0, b0, r0 := wire.writes.Load(), wire.bytes.Load(), wire.reads.Load()
-		t0 := time.Now()
 		for range n {
 			fn(t)
 		}
-		elapsed := time.Since(t0)
 		w1, b1, r1 := wire.writes.Load(), wire.bytes.Load(), wire.reads.Load()
 		after, err := status(ctx)
 		if err != nil {
 			return CountRow{}, err
 		}
 		r := CountRow{RoundTrips: float64(w1-w0) / float64(n), Bytes: float64(b1-b0) / float64(n), Reads: float64(r1-r0) / float64(n),
-			Micros: float64(elapsed.Microseconds()) / float64(n), Status: map[string]float64{}}
+			Status: map[string]float64{}}
 		for k, v := range after {
 			r.Status[k] = float64(v-before[k]) / float64(n)
 		}
@@ -864,6 +866,20 @@ func Counts(t testing.TB, s *Service, wire *Wire, n int, status func(context.Con
 		}
 		rows = append(rows, r)
 	}
+	if serverCPU == nil {
+		serverCPU = func() time.Duration { return 0 }
+	}
+	for round := range n {
+		for i := range vs {
+			k := (i + round) % len(vs)
+			c0, s0, t0 := selfCPU(), serverCPU(), time.Now()
+			vs[k].fn(t)
+			elapsed, server, client := time.Since(t0), serverCPU()-s0, selfCPU()-c0
+			rows[k].Micros += float64(elapsed.Nanoseconds()) / 1e3 / float64(n)
+			rows[k].ServerCPU += float64(server.Nanoseconds()) / 1e3 / float64(n)
+			rows[k].ClientCPU += float64(client.Nanoseconds()) / 1e3 / float64(n)
+		}
+	}
 	return rows
 }
 
@@ -874,12 +890,15 @@ type CountRow struct {
 	Bytes      float64 // bytes the client sent
 	Reads      float64 // reads of the replies that returned data
 	Micros     float64 // elapsed µs, indicative only on a loaded machine
+	ClientCPU  float64 // µs of this process's CPU (user and system)
+	ServerCPU  float64 // µs of CPU of the server's process or thread for the connection
 	Status     map[string]float64
 }
 
 func (r CountRow) String() string {
 	var b strings.Builder
-	fmt.Fprintf(&b, "%-17s round trips %4.2f  bytes sent %4.0f  reads %4.2f  µs %5.0f", r.Name, r.RoundTrips, r.Bytes, r.Reads, r.Micros)
+	fmt.Fprintf(&b, "%-17s round trips %4.2f  bytes sent %4.0f  reads %4.2f  µs %5.0f  CPU µs client %4.0f server %4.0f",
+		r.Name, r.RoundTrips, r.Bytes, r.Reads, r.Micros, r.ClientCPU, r.ServerCPU)
 	for _, k := range slices.Sorted(maps.Keys(r.Status)) {
 		if v := r.Status[k]; v > 0.005 || v < -0.005 {
 			fmt.Fprintf(&b, "  %s %.2f", k, v)
