@@ -155,7 +155,8 @@ func BenchmarkGateFunction(b *testing.B) {
 // pgShareFirst is another candidate: the statement locks the mark FOR SHARE where it equals
 // the token, in SQL, and only otherwise calls a PL/pgSQL function that raises it (or locks a
 // mark that is not newer), so that a holder's writes after its first run no UPDATE node at all.
-// Not used by the gate.
+// Not used by the gate. Loaded, its server CPU per transaction was the floor's and 10-25 µs
+// below the gate's (docs/benchmarks/session8-gate-*); elapsed times could not tell them apart.
 type pgShareFirst struct{}
 
 func newPGShareFirst(ctx context.Context, s *gatetest.Service) (gatetest.Checker, error) {
