@@ -353,7 +353,7 @@ func (t *tortureRun) holdPastCopy(ctx context.Context, snap map[string]torture.S
 			}
 		}
 		t.barrier.Release()
-		if time.Until(t.until) < 2*time.Second {
+		if time.Until(t.end()) < 2*time.Second {
 			return errors.New("no acquisition went past the copy before the end of the run")
 		}
 		if !wait(ctx, 200*time.Millisecond) {

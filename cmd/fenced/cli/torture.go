@@ -10,6 +10,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -143,7 +144,7 @@ Exit code 7: violations found.`,
 	}
 	f := cmd.Flags()
 	f.Uint64Var(&o.seed, "seed", 0, "seed of the schedule (default: chosen from the time and printed)")
-	f.DurationVar(&o.duration, "duration", 30*time.Second, "how long the workers run")
+	f.DurationVar(&o.duration, "duration", 30*time.Second, "how long the workers run (with the pause fault, longer if no pause has landed by then)")
 	f.IntVar(&o.workers, "workers", 4, "worker processes")
 	f.IntVar(&o.resources, "resources", 3, "resources")
 	f.StringVar(&o.faults, "faults", "", "faults to inject: "+strings.Join(torture.AllFaults, ",")+" (default: all that apply)")
@@ -612,11 +613,13 @@ type tortureRun struct {
 	storeURL  string   // the artifacts' store of --artifacts, or ""
 	azureArgs []string // the workers' --azure arguments, or none
 
-	mu    sync.Mutex
-	procs []*tortureProc // current process of each slot
-	until time.Time      // workers start no new iteration after it
-	nem   *torture.Recorder
-	drv   driver.Driver // the parent's own connections (reader, rowlock)
+	mu           sync.Mutex
+	procs        []*tortureProc // current process of each slot
+	until        time.Time      // workers start no new iteration after it (see end)
+	planned      time.Time      // until as planned: the start plus --duration
+	pausePending bool           // the plan has a pause and none has landed yet (pause)
+	nem          *torture.Recorder
+	drv          driver.Driver // the parent's own connections (reader, rowlock)
 
 	copier      storeCopier      // nil unless the restore fault applies
 	barrierPath string           // held shared by every request, exclusively by the restore fault
@@ -693,6 +696,8 @@ func (t *tortureRun) execute(ctx context.Context, drv driver.Driver, plan []tort
 
 	start := time.Now()
 	t.until = start.Add(t.o.duration)
+	t.planned = t.until
+	t.pausePending = slices.ContainsFunc(plan, func(f torture.Fault) bool { return f.Kind == torture.FaultPause })
 	runCtx, stop := context.WithCancel(ctx)
 	defer stop()
 	var wg sync.WaitGroup
@@ -716,7 +721,8 @@ func (t *tortureRun) execute(ctx context.Context, drv driver.Driver, plan []tort
 		}
 		t.inject(ctx, f)
 	}
-	wait(ctx, time.Until(t.until))
+	t.settlePause() // an interrupted run
+	wait(ctx, time.Until(t.end()))
 	// The workers stop by themselves once the duration is over; a generous bound for the last
 	// iteration, then they are killed.
 	grace := time.AfterFunc(15*time.Second, stop)
@@ -772,11 +778,56 @@ func wait(ctx context.Context, d time.Duration) bool {
 	}
 }
 
+// end is when the workers start no new iteration: until, or while the run's first pause is
+// pending, a moment that stays ahead of the clock (pause).
+func (t *tortureRun) end() time.Time {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return t.endLocked()
+}
+
+func (t *tortureRun) endLocked() time.Time {
+	if !t.pausePending {
+		return t.until
+	}
+	end := time.Now().Add(awaitBound + time.Second)
+	if limit := t.pauseLimit(); end.After(limit) {
+		end = limit
+	}
+	if end.Before(t.until) {
+		return t.until
+	}
+	return end
+}
+
+// pauseLimit is how long the run waits for its first pause: one more --duration past the
+// planned end, and at least 30 s.
+func (t *tortureRun) pauseLimit() time.Time {
+	return t.planned.Add(max(t.o.duration, 30*time.Second))
+}
+
+// settlePause ends the wait for the run's first pause: it landed, or the nemesis gave up. The
+// run's end stays where it was and is recorded when it went past the one planned.
+func (t *tortureRun) settlePause() {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if !t.pausePending {
+		return
+	}
+	t.until = t.endLocked()
+	t.pausePending = false
+	if over := t.until.Sub(t.planned); over > 0 {
+		_ = t.nem.Write(torture.Record{Kind: torture.KindEvent, Event: "extend",
+			Detail: fmt.Sprintf("the workers went on %s past the planned end, until the run's first pause had landed", over.Round(time.Millisecond))})
+	}
+}
+
 // supervise keeps a worker process running in slot until the run is over, starting a new
-// process, with a new identity, whenever one dies (killed by the nemesis or failing).
+// process, with a new identity, whenever one dies (killed by the nemesis or failing) or ends
+// before the run does (the run was extended for its first pause).
 func (t *tortureRun) supervise(ctx context.Context, slot int) {
 	for incarnation := 1; ; incarnation++ {
-		remaining := time.Until(t.until)
+		remaining := time.Until(t.end())
 		if remaining < torture.TTLMin || ctx.Err() != nil {
 			return
 		}
@@ -794,9 +845,7 @@ func (t *tortureRun) supervise(ctx context.Context, slot int) {
 			<-p.done
 			return
 		}
-		if code := p.cmd.ProcessState.ExitCode(); code == 0 {
-			return // ran to the end of the run
-		} else if code > 0 {
+		if code := p.cmd.ProcessState.ExitCode(); code > 0 {
 			wait(ctx, 200*time.Millisecond) // failed (e.g. the database was restarting): try again
 		}
 	}
@@ -904,23 +953,7 @@ func (t *tortureRun) inject(ctx context.Context, f torture.Fault) {
 	t.mu.Unlock()
 	switch f.Kind {
 	case torture.FaultPause:
-		if p == nil {
-			return
-		}
-		var stopped int64
-		tr := p.setTrap("build", func(string) {
-			if stopProcess(p.cmd.Process) == nil {
-				stopped = torture.Now()
-			}
-		})
-		t.await(ctx, p, tr)
-		if stopped == 0 {
-			return // the process was gone
-		}
-		wait(ctx, f.For)
-		_ = contProcess(p.cmd.Process)
-		_ = t.nem.Write(torture.Record{Kind: torture.KindEvent, Event: torture.FaultPause, Proc: p.name, Slot: f.Slot,
-			Time: stopped, EndTime: torture.Now(), Detail: fmt.Sprintf("SIGSTOP while building, for %s", f.For)})
+		t.pause(ctx, f)
 	case torture.FaultKill:
 		if p == nil {
 			return
@@ -968,9 +1001,56 @@ func (t *tortureRun) inject(ctx context.Context, f torture.Fault) {
 	}
 }
 
-// await waits up to 3s for the trap to fire, then disarms it; it reports whether it fired.
+// pause is the pause fault: slot f.Slot's worker is stopped (SIGSTOP) the moment it reports a
+// build, for f.For. A pause whose worker reports no build within awaitBound (still starting on
+// a loaded machine, killed, or waiting on the database) is dropped, unless it is the run's
+// first: that one goes to the next slots in turn until one builds. Until it has landed the run
+// is not over (end keeps ahead of the clock, and supervise replaces the workers that reach
+// their end), so that a run with the pause fault injects at least one however late the
+// workers get going. The run goes on at most until pauseLimit; workers that build nothing for
+// that long leave it without a pause.
+func (t *tortureRun) pause(ctx context.Context, f torture.Fault) {
+	for slot := f.Slot; ; slot = (slot + 1) % t.o.workers {
+		t.mu.Lock()
+		p, first := t.procs[slot], t.pausePending
+		t.mu.Unlock()
+		if p != nil && t.pauseProc(ctx, p, f) {
+			return
+		}
+		if !first || ctx.Err() != nil || !time.Now().Before(t.pauseLimit()) {
+			t.settlePause()
+			return
+		}
+		wait(ctx, 100*time.Millisecond) // a slot with no process yet, or one that just exited
+	}
+}
+
+// pauseProc stops p at its next build for f.For; it reports whether it did.
+func (t *tortureRun) pauseProc(ctx context.Context, p *tortureProc, f torture.Fault) bool {
+	var stopped int64
+	tr := p.setTrap("build", func(string) {
+		if stopProcess(p.cmd.Process) == nil {
+			stopped = torture.Now()
+		}
+	})
+	t.await(ctx, p, tr)
+	if stopped == 0 {
+		return false // the process was gone, or built nothing in time
+	}
+	t.settlePause()
+	wait(ctx, f.For)
+	_ = contProcess(p.cmd.Process)
+	_ = t.nem.Write(torture.Record{Kind: torture.KindEvent, Event: torture.FaultPause, Proc: p.name, Slot: p.slot,
+		Time: stopped, EndTime: torture.Now(), Detail: fmt.Sprintf("SIGSTOP while building, for %s", f.For)})
+	return true
+}
+
+// awaitBound is how long await waits for a worker to report the phase a fault aims at.
+const awaitBound = 3 * time.Second
+
+// await waits up to awaitBound for the trap to fire, then disarms it; it reports whether it fired.
 func (t *tortureRun) await(ctx context.Context, p *tortureProc, tr *trap) bool {
-	timer := time.NewTimer(3 * time.Second)
+	timer := time.NewTimer(awaitBound)
 	defer timer.Stop()
 	select {
 	case <-tr.fired:

@@ -31,6 +31,12 @@ func runTorture(t *testing.T, db string, args ...string) (int, string) {
 // runTortureIn is runTorture with the report written in the directory report.
 func runTortureIn(t *testing.T, report, db string, args ...string) (int, string) {
 	t.Helper()
+	return runTortureWith(t, report, db, nil, args...)
+}
+
+// runTortureWith is runTortureIn calling during, when not nil, while the run goes on.
+func runTortureWith(t *testing.T, report, db string, during func(), args ...string) (int, string) {
+	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
 	cmd := exec.CommandContext(ctx, bin, append([]string{"torture", "--seed", tortureSeed, "--duration", tortureDuration,
@@ -47,7 +53,13 @@ func runTortureIn(t *testing.T, report, db string, args ...string) (int, string)
 	var out bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &out, &out
 	start := time.Now()
-	err := cmd.Run()
+	err := cmd.Start()
+	if err == nil {
+		if during != nil {
+			during()
+		}
+		err = cmd.Wait()
+	}
 	if _, ok := err.(*exec.ExitError); err != nil && !ok {
 		t.Fatalf("run fenced torture: %v\n%s", err, out.String())
 	}
@@ -315,6 +327,50 @@ func TestTortureGate(t *testing.T) {
 		}
 		t.Errorf("the gate's stale writes were not reported with any seed: %q", m)
 	})
+}
+
+// TestTortureFirstPauseLate holds back every request of the run, workers' and reader's alike,
+// until after the run's planned end (the barrier the restore fault uses, taken before the run
+// starts), as a machine too loaded for the workers to get going before the nemesis's first
+// pause would: that pause, planned at 1.65 s and given up after 3 s by a nemesis that aims by
+// time alone, must still land, the run going on past its end until it has.
+func TestTortureFirstPauseLate(t *testing.T) {
+	t.Parallel()
+	report := t.TempDir()
+	barrier, err := os.OpenFile(filepath.Join(report, "barrier"), os.O_RDWR|os.O_CREATE, 0o644)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer barrier.Close()
+	if err := syscall.Flock(int(barrier.Fd()), syscall.LOCK_EX); err != nil {
+		t.Fatal(err)
+	}
+	const duration = 6 * time.Second // seed 3 plans one pause in 6s: at 1.65s
+	code, out := runTortureWith(t, report, "", func() {
+		// The first worker's start is recorded after the run's start: a release duration and
+		// one second after it is seen comes after the run's planned end.
+		nemesis := filepath.Join(report, "history", "nemesis.jsonl")
+		for {
+			b, _ := os.ReadFile(nemesis)
+			if bytes.Contains(b, []byte(`"event":"start"`)) {
+				break
+			}
+			time.Sleep(10 * time.Millisecond) // polling a file another process writes
+		}
+		time.Sleep(duration + time.Second) // past the planned end; the order, not a hope
+		_ = syscall.Flock(int(barrier.Fd()), syscall.LOCK_UN)
+	}, "--faults", "pause", "--duration", duration.String())
+	if code != 0 || !strings.Contains(out, "RESULT: no violations found\n") {
+		t.Fatalf("torture: exit %d, want 0 and no violations", code)
+	}
+	checkTortured(t, out, "pause")
+	nemesis, err := os.ReadFile(filepath.Join(report, "history", "nemesis.jsonl"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Contains(nemesis, []byte(`"event":"extend"`)) {
+		t.Error("the run was not recorded as extended past its planned end")
+	}
 }
 
 // TestTortureMutants plants the bugs the clock checks are about in the workers' driver and runs
