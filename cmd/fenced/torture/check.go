@@ -31,6 +31,19 @@ const (
 	flaggedCheckTimeout = 5 * time.Second
 )
 
+// The model search's budgets per resource, in steps (search.go), beside its time budget, so
+// that a verdict does not depend on the machine's load. A passing history with bounded
+// concurrency takes about one step per operation; bursts of unknown outcomes take up to a
+// few hundred per operation (TestTwinsWithNamedUnknownsDecide); proving a history illegal
+// may take time exponential in the operations open at once. A resource the direct checks
+// already flagged gets the smaller budget: its verdict is a failure either way.
+const (
+	searchStepsBase   = 1 << 22
+	searchStepsPerOp  = 1024
+	flaggedStepsBase  = 1 << 16
+	flaggedStepsPerOp = 64
+)
+
 // Invariants lists what Check verifies, in order.
 var Invariants = []string{InvLinearizable, InvUniqueTokens, InvRealTimeOrder, InvFence, InvOnePublication,
 	InvPublishedGrows, InvPayloadBelongs, InvLeaseExists, InvNoRevival, InvRenewClock, InvBumpFences, InvReadsMonotonic,
@@ -75,8 +88,10 @@ type Result struct {
 	Counts       map[string]map[string]int // kind → outcome → count
 	Invariants   []InvariantResult
 	Violations   []Violation
-	Inconclusive []string // resources whose linearizability check timed out
+	Inconclusive []string // resources whose model check did not finish (time or steps): never a pass
 	Duration     time.Duration
+	// SearchSteps is the steps the model search took, over every resource (search.go).
+	SearchSteps int
 	// Linearizations holds porcupine's information per resource, for its visualization.
 	Linearizations map[string]porcupine.LinearizationInfo
 }
@@ -133,18 +148,19 @@ func Check(h *History, init map[string]State, timeout time.Duration) *Result {
 	c.identities()
 	c.liveness()
 	bumps := selfBumps(h)
+	flagged := map[string]bool{}
+	for _, v := range r.Violations {
+		flagged[v.Resource] = true
+	}
 	for _, res := range h.Resources() {
-		ops := byRes[res]
-		// Proving that no order exists can take porcupine a long time when many outcomes are
-		// unknown; where the direct checks already found a violation it gets a short budget.
-		budget, flagged := timeout, false
-		for _, v := range r.Violations {
-			flagged = flagged || v.Resource == res
-		}
-		if flagged {
+		// Proving that no order exists can take the search time exponential in the operations
+		// open at once; where the direct checks already found a violation the model adds
+		// little, and it gets a short budget.
+		budget := timeout
+		if flagged[res] {
 			budget = min(timeout, flaggedCheckTimeout)
 		}
-		c.linearizable(res, withSelfBumps(ops, bumps, res), init[res].model(), budget, flagged)
+		c.linearizable(res, withSelfBumps(byRes[res], bumps, res), init[res].model(), budget, flagged[res])
 	}
 	for _, name := range Invariants {
 		r.Invariants = append(r.Invariants, *c.res[name])
@@ -224,6 +240,10 @@ type checker struct {
 	r        *Result
 	res      map[string]*InvariantResult
 	restores map[string][]*Op // per resource
+	// Every operation per resource in call order, and the longest interval among them, for
+	// excerpts (made at the first violation).
+	byRes map[string][]*Op
+	span  map[string]int64
 }
 
 func (c *checker) violate(inv, resource, msg string, involved ...*Op) {
@@ -238,49 +258,62 @@ func (c *checker) violate(inv, resource, msg string, involved ...*Op) {
 
 // excerpt is the involved operations and those on the same resource concurrent with them:
 // what one needs to see the violation. An unknown operation's interval is cut one second
-// after its call, as otherwise it is concurrent with everything after it.
+// after its call, as otherwise it is concurrent with everything after it. Only the operations
+// called within the resource's longest such interval before an involved one are looked at: a
+// history with thousands of violations (an unfenced run) is not scanned whole for each.
 func (c *checker) excerpt(involved []*Op) ([]int, int) {
-	in := map[int]bool{}
-	for _, op := range involved {
-		in[op.Index] = true
-	}
 	end := func(op *Op) int64 {
 		if op.Unknown() {
 			return min(op.Return, op.Call+int64(time.Second))
 		}
 		return op.Return
 	}
-	var extra []int
-	for _, op := range c.h.Ops {
-		if in[op.Index] {
-			continue
+	if c.byRes == nil {
+		c.byRes, c.span = map[string][]*Op{}, map[string]int64{}
+		for _, op := range c.h.Ops { // in call order
+			c.byRes[op.Resource] = append(c.byRes[op.Resource], op)
+			c.span[op.Resource] = max(c.span[op.Resource], end(op)-op.Call)
 		}
-		for _, inv := range involved {
-			if op.Resource == inv.Resource && op.Call <= end(inv) && inv.Call <= end(op) {
-				extra = append(extra, op.Index)
+	}
+	in := map[int]bool{}
+	for _, op := range involved {
+		in[op.Index] = true
+	}
+	concurrent := map[int]bool{}
+	for _, inv := range involved {
+		ops := c.byRes[inv.Resource]
+		from := sort.Search(len(ops), func(i int) bool { return ops[i].Call >= inv.Call-c.span[inv.Resource] })
+		for _, op := range ops[from:] {
+			if op.Call > end(inv) {
 				break
+			}
+			if !in[op.Index] && inv.Call <= end(op) {
+				concurrent[op.Index] = true
 			}
 		}
 	}
+	extra := make([]int, 0, len(concurrent))
+	for id := range concurrent {
+		extra = append(extra, id)
+	}
+	sort.Ints(extra)
 	more := 0
 	if room := maxExcerpt - len(involved); len(extra) > room {
 		more = len(extra) - max(room, 0)
 		extra = extra[:max(room, 0)]
 	}
-	out := append(extra, func() []int {
-		var ids []int
-		for id := range in {
-			ids = append(ids, id)
-		}
-		return ids
-	}()...)
+	out := extra
+	for id := range in {
+		out = append(out, id)
+	}
 	sort.Ints(out)
 	return out, more
 }
 
-// linearizable runs porcupine on one resource. When the history is not linearizable, the
-// operation reported is the first, by return time, of those outside porcupine's longest
-// partial linearization: it had to take effect before it returned, and no order allowed it.
+// linearizable checks one resource against the model: the linear search, then porcupine
+// where the search found no order and no direct check had flagged the resource. When
+// porcupine decides that the history is not linearizable, the operation reported is the
+// first, by return time, of those outside porcupine's longest partial linearization: it had to take effect before it returned, and no order allowed it.
 // It is shown with the last acquisition and publication acknowledged before its call.
 func (c *checker) linearizable(res string, ops []*Op, init state, timeout time.Duration, flagged bool) {
 	ir := c.res[InvLinearizable]
@@ -290,22 +323,36 @@ func (c *checker) linearizable(res string, ops []*Op, init state, timeout time.D
 		}
 	}
 	pops := porcupineOps(c.h, ops)
-	gaveUp := func() {
-		if flagged {
-			ir.Note = addNote(ir.Note, fmt.Sprintf("not finished on %s within %s, where direct checks had already found violations", res, timeout))
-			return
-		}
-		c.r.Inconclusive = append(c.r.Inconclusive, res)
-		ir.Note = addNote(ir.Note, "timed out on "+res)
-	}
 	// The linear search first (search.go); porcupine, whose memo is exact but quadratic, only
-	// to confirm and explain a history the search found illegal.
-	sr := search(pops, []state{init}, time.Now().Add(timeout))
+	// to confirm and explain a history the search found illegal that no direct check flagged.
+	steps := searchStepsBase + searchStepsPerOp*len(pops)
+	if flagged {
+		steps = flaggedStepsBase + flaggedStepsPerOp*len(pops)
+	}
+	sr := search(pops, []state{init}, time.Now().Add(timeout), steps)
+	c.r.SearchSteps += sr.steps
+	var why string
 	switch sr.verdict {
 	case linearizable:
 		return
 	case timedOut:
-		gaveUp()
+		why = fmt.Sprintf("not finished on %s within %s", res, timeout)
+	case undecided:
+		why = fmt.Sprintf("undecided on %s after %d steps", res, sr.steps)
+	}
+	if why != "" {
+		if flagged {
+			ir.Note = addNote(ir.Note, why+", where direct checks had already found violations")
+			return
+		}
+		c.r.Inconclusive = append(c.r.Inconclusive, res)
+		ir.Note = addNote(ir.Note, why)
+		return
+	}
+	if flagged {
+		// Porcupine's nondeterministic model can take exponential time to prove what the
+		// search proved, and the resource already fails: the search's verdict is shown.
+		c.searchViolation(res, ops, pops, sr, "porcupine is not run where direct checks already found violations")
 		return
 	}
 	// The search was exhaustive: porcupine gets a short budget, for its exact memo, its
@@ -320,15 +367,7 @@ func (c *checker) linearizable(res string, ops []*Op, init state, timeout time.D
 		ir.Note = addNote(ir.Note, "the linear search pruned an order porcupine found on "+res)
 		return
 	case porcupine.Unknown:
-		// The search was exhaustive: report its deepest point.
-		culprit := ops[0]
-		if sr.culprit >= 0 && pops[sr.culprit].Metadata.(*Op).Index >= 0 {
-			culprit = pops[sr.culprit].Metadata.(*Op)
-		}
-		c.violate(InvLinearizable, res, fmt.Sprintf(
-			"no order of the operations explains #%d %s → %s (%d of the %d operations on %s could be ordered before it; "+
-				"porcupine did not finish within %s, the linear search's verdict is shown)",
-			culprit.Index, culprit.Kind, culprit.Out, sr.depth, len(ops), res, confirm), culprit)
+		c.searchViolation(res, ops, pops, sr, fmt.Sprintf("porcupine did not finish within %s", confirm))
 		return
 	}
 	linearized := map[*Op]bool{}
@@ -375,6 +414,19 @@ func (c *checker) linearizable(res string, ops []*Op, init state, timeout time.D
 		"no order of the operations explains #%d %s → %s (%d of the %d operations on %s could be ordered before it; "+
 			"shown with the last acquisition and publication acknowledged before its call)",
 		culprit.Index, culprit.Kind, culprit.Out, len(longest), len(ops), res), involved...)
+}
+
+// searchViolation reports the search's illegal verdict on res without porcupine: the
+// operation at its deepest point, for the reason given (why).
+func (c *checker) searchViolation(res string, ops []*Op, pops []porcupine.Operation, sr searchResult, why string) {
+	culprit := ops[0]
+	if sr.culprit >= 0 && pops[sr.culprit].Metadata.(*Op).Index >= 0 {
+		culprit = pops[sr.culprit].Metadata.(*Op)
+	}
+	c.violate(InvLinearizable, res, fmt.Sprintf(
+		"no order of the operations explains #%d %s → %s (%d of the %d operations on %s could be ordered before it; "+
+			"%s: the linear search's verdict is shown)",
+		culprit.Index, culprit.Kind, culprit.Out, sr.depth, len(ops), res, why), culprit)
 }
 
 // token is (epoch, generation), compared as the destination compares it.

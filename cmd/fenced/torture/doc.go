@@ -16,7 +16,8 @@
 //     checks of each invariant a history can show, with the smallest excerpt that shows a
 //     violation.
 //   - search.go: the linearizability search run on each resource first, linear in a passing
-//     history's length; porcupine confirms and explains a history it finds illegal.
+//     history's length and bounded in steps; porcupine confirms and explains a history it
+//     finds illegal where no direct check had already flagged the resource.
 //   - report.go: the text and HTML reports.
 //
 // The package lives in the cmd/fenced module so that porcupine stays out of the core.

@@ -176,7 +176,7 @@ func (r *Report) WriteText(w io.Writer) {
 	case !res.OK():
 		fmt.Fprintf(w, "RESULT: %d violations found\n", len(res.Violations))
 	case len(res.Inconclusive) > 0:
-		fmt.Fprintf(w, "RESULT: no violations found, but the model check timed out on %s\n", strings.Join(res.Inconclusive, ", "))
+		fmt.Fprintf(w, "RESULT: no violations found, but the model check did not finish (time or steps) on %s\n", strings.Join(res.Inconclusive, ", "))
 	default:
 		fmt.Fprintln(w, "RESULT: no violations found")
 	}
@@ -264,7 +264,7 @@ func (r *Report) html(b *strings.Builder) {
 	if !res.OK() {
 		verdict = fmt.Sprintf(`<span class="bad">%d violations found</span>`, len(res.Violations))
 	} else if len(res.Inconclusive) > 0 {
-		verdict = `<span class="bad">no violations found, but the model check timed out</span>`
+		verdict = `<span class="bad">no violations found, but the model check did not finish</span>`
 	}
 	fmt.Fprintf(b, "<h1>fenced torture — %s</h1>\n", verdict)
 	var text strings.Builder

@@ -56,7 +56,8 @@ type verdict int
 const (
 	linearizable verdict = iota
 	illegal
-	timedOut
+	timedOut  // the deadline passed
+	undecided // the step budget ran out
 )
 
 // searchResult is a search's verdict, and when illegal, the operation whose return the search
@@ -66,6 +67,7 @@ type searchResult struct {
 	verdict verdict
 	culprit int
 	depth   int // longest partial linearization, in operations
+	steps   int // steps taken: operations tried, returns reached, events passed over
 	order   []int
 }
 
@@ -85,8 +87,10 @@ type event struct {
 
 // search decides whether ops (one resource's, as porcupineOps makes them) can be ordered so
 // that each takes effect between its call and its return and the model allows the sequence,
-// starting in one of init's states. It gives up at deadline.
-func search(ops []porcupine.Operation, init []state, deadline time.Time) searchResult {
+// starting in one of init's states. It gives up at deadline, or after maxSteps steps (none
+// when 0): proving that no order exists may take time exponential in the number of operations
+// open at once, and a budget in steps bounds it whatever the machine's load.
+func search(ops []porcupine.Operation, init []state, deadline time.Time, maxSteps int) searchResult {
 	n := len(ops)
 	type stamp struct {
 		op  int
@@ -344,7 +348,6 @@ func search(ops []porcupine.Operation, init []state, deadline time.Time) searchR
 	}
 	var calls []frame
 	res := searchResult{verdict: linearizable, culprit: -1}
-	steps := 0
 	for _, st := range init {
 		if dead(st.Owner) {
 			st.Owner = unobservable
@@ -361,7 +364,12 @@ func search(ops []porcupine.Operation, init []state, deadline time.Time) searchR
 		// Both passes offer the same children; only their order changes.
 		cur, from, late, limit := ev[0].next, 0, false, 0
 		for required > 0 {
-			if steps++; steps&0xfff == 0 && time.Now().After(deadline) {
+			if maxSteps > 0 && res.steps == maxSteps {
+				res.verdict = undecided
+				return res
+			}
+			res.steps++
+			if res.steps&0xfff == 0 && time.Now().After(deadline) {
 				res.verdict = timedOut
 				return res
 			}

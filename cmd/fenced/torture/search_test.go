@@ -65,7 +65,7 @@ func TestSearchAgreesWithPorcupine(t *testing.T) {
 		for res, ops := range byRes {
 			pops := porcupineOps(h, ops)
 			want := porcupine.CheckOperations(model(state{}), pops)
-			got := search(pops, []state{{}}, time.Now().Add(time.Minute))
+			got := search(pops, []state{{}}, time.Now().Add(time.Minute), 0)
 			if got.verdict == timedOut {
 				t.Fatalf("seed %d %s: the search timed out", seed, res)
 			}
@@ -88,7 +88,7 @@ func TestSearchAgreesWithPorcupine(t *testing.T) {
 func TestSearchOrderReplays(t *testing.T) {
 	h := Build(synthetic(5_000, 8, 1, 200, 3), 0)
 	pops := porcupineOps(h, h.Ops)
-	r := search(pops, []state{{}}, time.Now().Add(time.Minute))
+	r := search(pops, []state{{}}, time.Now().Add(time.Minute), 0)
 	if r.verdict != linearizable || len(r.order) != len(pops) {
 		t.Fatalf("verdict %v, order of %d of %d operations", r.verdict, len(r.order), len(pops))
 	}
@@ -120,16 +120,7 @@ func TestSearchOrderReplays(t *testing.T) {
 // and Check must report it as a linearizability violation.
 func TestViolationFarIntoLongHistoryFound(t *testing.T) {
 	recs := synthetic(20_000, 8, 2, 0, 11)
-	// A show near the end that reads the generation one below the row's: stale, by one.
-	for i := len(recs) * 9 / 10; i < len(recs); i++ {
-		if recs[i].Kind == KindReturn && recs[i].Gen > 1 && recs[i].ReadOwner == "" && recs[i].NowUs != 0 {
-			recs[i].Gen--
-			break
-		}
-		if i == len(recs)-1 {
-			t.Fatal("no show to break")
-		}
-	}
+	breakShow(t, recs)
 	r := Check(Build(recs, 0), nil, time.Minute)
 	found := false
 	for _, v := range r.Violations {
@@ -138,6 +129,19 @@ func TestViolationFarIntoLongHistoryFound(t *testing.T) {
 	if !found {
 		t.Fatalf("the stale show was not found; violations %v", r.Violations)
 	}
+}
+
+// breakShow makes a show near the end of recs read the generation one below the row's: stale,
+// by one, which only the model sees.
+func breakShow(t *testing.T, recs []Record) {
+	t.Helper()
+	for i := len(recs) * 9 / 10; i < len(recs); i++ {
+		if recs[i].Kind == KindReturn && recs[i].Gen > 1 && recs[i].ReadOwner == "" && recs[i].NowUs != 0 {
+			recs[i].Gen--
+			return
+		}
+	}
+	t.Fatal("no show to break")
 }
 
 // burst is a resource on which k acquisitions are left without a reply (each may or may not
@@ -193,7 +197,7 @@ func TestUnknownBurstStaysSmall(t *testing.T) {
 		// the named ones among the twins until the search followed single states (search.go):
 		// the illegal cases had 10, then 30 acquisitions. They have 300, like the others.
 		ops := burst(300, c.shows...)
-		r := search(ops, []state{{}}, time.Now().Add(10*time.Second))
+		r := search(ops, []state{{}}, time.Now().Add(10*time.Second), 0)
 		if r.verdict != c.want {
 			t.Errorf("%s: verdict %d, want %d", c.name, r.verdict, c.want)
 		}
@@ -227,7 +231,7 @@ func TestTwinsWithNamedUnknownsDecide(t *testing.T) {
 	}{{false, linearizable}, {true, illegal}} {
 		ops := twinsAndNamed(300, c.broken)
 		start := time.Now()
-		r := search(ops, []state{{}}, start.Add(30*time.Second))
+		r := search(ops, []state{{}}, start.Add(30*time.Second), 0)
 		t.Logf("broken %v: verdict %d in %s", c.broken, r.verdict, time.Since(start))
 		if r.verdict != c.want {
 			t.Errorf("broken %v: verdict %d, want %d", c.broken, r.verdict, c.want)
@@ -258,7 +262,7 @@ func TestDroppedReplyIsNotDeferred(t *testing.T) {
 	if porcupine.CheckOperations(model(state{}), ops) {
 		t.Fatal("porcupine finds an order: the history does not test the search")
 	}
-	if r := search(ops, []state{{}}, time.Now().Add(time.Minute)); r.verdict != illegal {
+	if r := search(ops, []state{{}}, time.Now().Add(time.Minute), 0); r.verdict != illegal {
 		t.Fatalf("verdict %d, want illegal", r.verdict)
 	}
 }
@@ -275,7 +279,7 @@ func BenchmarkSearchTwinsAndNamed(b *testing.B) {
 		ops := twinsAndNamed(300, c.broken)
 		b.Run(c.name, func(b *testing.B) {
 			for b.Loop() {
-				if r := search(ops, []state{{}}, time.Now().Add(time.Minute)); r.verdict != c.want {
+				if r := search(ops, []state{{}}, time.Now().Add(time.Minute), 0); r.verdict != c.want {
 					b.Fatalf("verdict %d, want %d", r.verdict, c.want)
 				}
 			}
@@ -311,7 +315,7 @@ func TestUnknownPublicationWaitsForARestore(t *testing.T) {
 	if !porcupine.CheckOperations(model(init), ops) {
 		t.Fatal("porcupine finds no order: the history does not test the search")
 	}
-	if r := search(ops, []state{init}, time.Now().Add(time.Minute)); r.verdict != linearizable {
+	if r := search(ops, []state{init}, time.Now().Add(time.Minute), 0); r.verdict != linearizable {
 		t.Fatalf("verdict %d, want linearizable (culprit %d)", r.verdict, r.culprit)
 	}
 }
