@@ -250,3 +250,35 @@ func TestRevivalAfterRowLockFlagged(t *testing.T) {
 		}
 	}
 }
+
+// TestGateStaleWriteFlagged: the gate must refuse a write whose token is older than the
+// largest one whose holder was ready (its fence returned) before the write was sent, not the
+// latest one to get ready. A write sent before the newer holder was ready may be accepted.
+// Mutant: comparing with the latest fence to return, not the largest, misses the second write.
+func TestGateStaleWriteFlagged(t *testing.T) {
+	h := &hist{}
+	fence := func(proc string, call, ret int64, owner string, gen int64) {
+		h.op(proc, call, ret, Record{Op: OpFence, Owner: owner, Epoch: 7, Gen: gen}, Record{Out: OutOK})
+	}
+	gateWrite := func(proc string, call, ret int64, owner string, gen int64) {
+		h.op(proc, call, ret, Record{Op: OpGateWrite, Owner: owner, Epoch: 7, Gen: gen, Payload: "ü\x00"}, Record{Out: OutOK})
+	}
+	h.acquire("A", 10, 20, "a 1", OutOK, 1)
+	fence("A", 21, 25, "a 1", 1)
+	h.acquire("B", 100, 110, "b ü", OutOK, 2)
+	h.acquire("C", 120, 130, "c 3", OutOK, 3)
+	fence("C", 131, 150, "c 3", 3)
+	fence("B", 111, 200, "b ü", 2)     // ready after C, with the smaller token
+	gateWrite("A", 140, 145, "a 1", 1) // sent before anyone newer was ready: may be accepted
+	gateWrite("B", 210, 220, "b ü", 2) // sent after C was ready: stale
+	r := h.check(t)
+	var got []string
+	for _, v := range r.Violations {
+		if v.Invariant == InvGate {
+			got = append(got, v.Message)
+		}
+	}
+	if len(got) != 1 || !strings.Contains(got[0], "token 7.2 after the holder of 7.3") {
+		t.Fatalf("gate violations %q, want the write of generation 2 only", got)
+	}
+}

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"sort"
 	"time"
 
 	"github.com/fenced-dev/fenced"
@@ -129,18 +130,21 @@ func (c *checker) gateTokens(res string, ops []*Op, fencing bool) {
 			readies = append(readies, ready{op.Return, fenced.Token{Epoch: op.Epoch, Generation: op.Gen}, op})
 		}
 	}
+	// Sweep the writes in call order (ops are), knowing the largest token ready before each.
+	sort.Slice(readies, func(i, j int) bool { return readies[i].at < readies[j].at })
+	var top *ready
+	k := 0
 	for _, w := range ops {
 		if w.Kind != OpGateWrite || w.Out != OutOK {
 			continue
 		}
-		c.res[InvGate].Checked++
-		tok := fenced.Token{Epoch: w.Epoch, Generation: w.Gen}
-		var top *ready
-		for i := range readies {
-			if r := &readies[i]; r.at < w.Call && (top == nil || r.tok.Compare(top.tok) > 0) {
-				top = r
+		for ; k < len(readies) && readies[k].at < w.Call; k++ {
+			if top == nil || readies[k].tok.Compare(top.tok) > 0 {
+				top = &readies[k]
 			}
 		}
+		c.res[InvGate].Checked++
+		tok := fenced.Token{Epoch: w.Epoch, Generation: w.Gen}
 		if top != nil && top.tok.Compare(tok) > 0 {
 			c.violate(InvGate, res, fmt.Sprintf("the gate accepted a write with token %s after the holder of %s was ready",
 				tok, top.tok), top.op, w)
