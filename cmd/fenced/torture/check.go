@@ -440,16 +440,24 @@ func (a token) String() string    { return fmt.Sprintf("epoch %d generation %d",
 // lexicographic order: a restore may take generations back, and only the epoch bump that
 // follows it keeps every later token above every earlier one, which is what is checked.
 func (c *checker) tokens(res string, ops []*Op) {
+	type lease struct {
+		owner string
+		gen   int64
+	}
 	var acqs []*Op
-	made := map[string]bool{} // owner/generation of acquisitions that were or may have been made
+	made := map[lease]bool{}       // acquisitions that were made
+	maybeMade := map[string]bool{} // owners of acquisitions whose outcome is unknown
 	byTok := map[token]*Op{}
 	for _, op := range ops {
 		if op.Kind != OpAcquire {
 			continue
 		}
+		if op.Unknown() {
+			maybeMade[op.Owner] = true
+		}
 		if op.Out == OutOK {
 			acqs = append(acqs, op)
-			made[fmt.Sprint(op.Owner, "/", op.Gen)] = true
+			made[lease{op.Owner, op.Gen}] = true
 			c.res[InvUniqueTokens].Checked++
 			if prev := byTok[tok(op)]; prev != nil {
 				c.violate(InvUniqueTokens, res, fmt.Sprintf("two acquisitions were granted %s", tok(op)), prev, op)
@@ -488,7 +496,7 @@ func (c *checker) tokens(res string, ops []*Op) {
 					"%s with %s was accepted after %s had been acknowledged",
 					op.Kind, tok(op), tok(top)), top, op)
 			}
-			if !made[fmt.Sprint(op.Owner, "/", op.Gen)] && !c.maybeMade(ops, op) {
+			if !made[lease{op.Owner, op.Gen}] && !maybeMade[op.Owner] {
 				c.violate(InvLeaseExists, res, fmt.Sprintf(
 					"%s was accepted for owner %s generation %d, which no acquisition was granted",
 					op.Kind, short(op.Owner), op.Gen), op)
@@ -560,14 +568,18 @@ func (c *checker) renewClock(res string, ops []*Op) {
 		by      *Op
 		unknown bool
 	}
-	leases := map[string]*lease{}
-	key := func(op *Op) string { return fmt.Sprint(op.Owner, "/", op.Epoch, "/", op.Gen) }
+	type key struct {
+		owner      string
+		epoch, gen int64
+	}
+	leases := map[key]*lease{}
+	keyOf := func(op *Op) key { return key{op.Owner, op.Epoch, op.Gen} }
 	for _, op := range ops { // call order: one process runs one operation of a lease at a time
 		switch {
 		case op.Kind == OpAcquire && op.Out == OutOK:
-			leases[key(op)] = &lease{until: op.LeaseUntilUs, by: op}
+			leases[keyOf(op)] = &lease{until: op.LeaseUntilUs, by: op}
 		case op.Kind == OpRenew:
-			l := leases[key(op)]
+			l := leases[keyOf(op)]
 			if l == nil {
 				continue
 			}
@@ -698,16 +710,6 @@ func (c *checker) liveness() {
 		c.res[InvLiveness].Note = addNote(c.res[InvLiveness].Note, fmt.Sprintf(
 			"%d busy answers not checked: the clock samples of their stretch disagree", inconsistent))
 	}
-}
-
-// maybeMade reports whether an acquisition with an unknown outcome carried op's owner.
-func (c *checker) maybeMade(ops []*Op, op *Op) bool {
-	for _, a := range ops {
-		if a.Kind == OpAcquire && a.Unknown() && a.Owner == op.Owner {
-			return true
-		}
-	}
-	return false
 }
 
 // publications checks invariant 4 on one resource: one accepted publication per token, and a

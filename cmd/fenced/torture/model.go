@@ -85,9 +85,30 @@ func partitionByResource(ops []porcupine.Operation) [][]porcupine.Operation {
 }
 
 // step returns the states the resource may be in after the operation, none if the operation
-// could not have returned what it did from st.
+// could not have returned what it did from st: porcupine's form of after.
 func step(st state, in input, out output) []any {
-	unchanged := []any{st}
+	o := after(st, in, out)
+	states := make([]any, o.n)
+	for i := range o.n {
+		states[i] = o.s[i]
+	}
+	return states
+}
+
+// outcomes is the states an operation may leave the resource in: at most two (an unknown
+// outcome took effect or did not), held by value so that the search allocates nothing per step.
+type outcomes struct {
+	s [2]state
+	n int
+}
+
+func one(s state) outcomes    { return outcomes{[2]state{s}, 1} }
+func two(a, b state) outcomes { return outcomes{[2]state{a, b}, 2} }
+
+// after returns the states the resource may be in after the operation, none if the operation
+// could not have returned what it did from st.
+func after(st state, in input, out output) outcomes {
+	unchanged := one(st)
 	if out.Out == OutFailed {
 		return unchanged // the driver proved that nothing changed
 	}
@@ -102,15 +123,15 @@ func step(st state, in input, out output) []any {
 		case OutOK:
 			if out.Gen == st.Gen+1 && in.Owner != st.Owner && out.Epoch >= st.Epoch {
 				next.Epoch = out.Epoch
-				return []any{next}
+				return one(next)
 			}
-			return nil
+			return outcomes{}
 		case OutBusy:
 			return unchanged // an unexpired lease may be there: the checker cannot tell
 		case OutUnknown:
-			return []any{st, next}
+			return two(st, next)
 		}
-		return nil
+		return outcomes{}
 	case OpPublish, OpPublishRelease:
 		current := st.Owner == in.Owner && st.Gen == in.Gen && in.Gen > st.Pub
 		next := state{Epoch: st.Epoch, Gen: st.Gen, Owner: st.Owner, Pub: in.Gen, Payload: in.Payload}
@@ -120,29 +141,29 @@ func step(st state, in input, out output) []any {
 		switch out.Out {
 		case OutOK:
 			if current {
-				return []any{next}
+				return one(next)
 			}
-			return nil
+			return outcomes{}
 		case OutRefused:
 			return unchanged // the lease may have expired
 		case OutUnknown:
 			if current {
-				return []any{st, next}
+				return two(st, next)
 			}
 			return unchanged
 		}
-		return nil
+		return outcomes{}
 	case OpRenew:
 		switch out.Out {
 		case OutOK:
 			if st.Owner == in.Owner && st.Gen == in.Gen {
 				return unchanged
 			}
-			return nil
+			return outcomes{}
 		case OutRefused, OutUnknown:
 			return unchanged
 		}
-		return nil
+		return outcomes{}
 	case OpRelease:
 		// Release does not look at expiry: it is refused exactly when the lease is not the
 		// row's (owner, generation).
@@ -151,21 +172,21 @@ func step(st state, in input, out output) []any {
 		switch out.Out {
 		case OutOK:
 			if current {
-				return []any{next}
+				return one(next)
 			}
-			return nil
+			return outcomes{}
 		case OutRefused:
 			if !current {
 				return unchanged
 			}
-			return nil
+			return outcomes{}
 		case OutUnknown:
 			if current {
-				return []any{st, next}
+				return two(st, next)
 			}
 			return unchanged
 		}
-		return nil
+		return outcomes{}
 	case OpShow:
 		switch out.Out {
 		case OutOK:
@@ -175,11 +196,11 @@ func step(st state, in input, out output) []any {
 				out.PayloadBytes == int64(len(st.Payload)) {
 				return unchanged
 			}
-			return nil
+			return outcomes{}
 		case OutUnknown:
 			return unchanged
 		}
-		return nil
+		return outcomes{}
 	case OpSnapshot:
 		// The copy must hold a state the resource was in while the copy was taken.
 		switch out.Out {
@@ -187,64 +208,64 @@ func step(st state, in input, out output) []any {
 			if out.Gen == st.Gen && out.Owner == st.Owner && out.Pub == st.Pub && out.Payload == st.Payload {
 				return unchanged
 			}
-			return nil
+			return outcomes{}
 		case OutUnknown:
 			return unchanged
 		}
-		return nil
+		return outcomes{}
 	case OpRestore:
 		// A restore is a legitimate rollback: the resource is whatever the copy held, its
 		// store epoch included.
 		restored := state{Epoch: in.Epoch, Gen: in.Gen, Owner: in.Owner, Pub: in.Pub, Payload: in.Payload}
 		switch out.Out {
 		case OutOK:
-			return []any{restored}
+			return one(restored)
 		case OutUnknown:
-			return []any{st, restored}
+			return two(st, restored)
 		}
-		return nil
+		return outcomes{}
 	case OpBump:
 		// Every lease freed, the epoch raised; generations go on counting.
 		bumped := state{Epoch: max(st.Epoch, out.Epoch), Gen: st.Gen, Pub: st.Pub, Payload: st.Payload}
 		switch out.Out {
 		case OutOK:
 			if out.Epoch > st.Epoch {
-				return []any{bumped}
+				return one(bumped)
 			}
-			return nil
+			return outcomes{}
 		case OutUnknown:
-			return []any{st, bumped}
+			return two(st, bumped)
 		}
-		return nil
+		return outcomes{}
 	case OpSelfBump:
 		// The engine's own bump after a restart: every lease freed, the epoch raised by an
 		// amount the history does not show (the next acquisition's grant does).
 		bumped := state{Epoch: st.Epoch, Gen: st.Gen, Pub: st.Pub, Payload: st.Payload}
 		switch out.Out {
 		case OutOK:
-			return []any{bumped}
+			return one(bumped)
 		case OutUnknown:
-			return []any{st, bumped}
+			return two(st, bumped)
 		}
-		return nil
+		return outcomes{}
 	case OpGet:
 		switch out.Out {
 		case OutOK:
 			if out.Pub == st.Pub && out.Payload == st.Payload {
 				return unchanged
 			}
-			return nil
+			return outcomes{}
 		case OutNotFound:
 			if st.Pub == 0 {
 				return unchanged
 			}
-			return nil
+			return outcomes{}
 		case OutUnknown:
 			return unchanged
 		}
-		return nil
+		return outcomes{}
 	}
-	return nil
+	return outcomes{}
 }
 
 // porcupineOps converts the history's operations.

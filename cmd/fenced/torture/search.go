@@ -140,7 +140,7 @@ func search(ops []porcupine.Operation, init []state, deadline time.Time, maxStep
 	// Owners no operation left to order can tell apart (see unobservable) are replaced by one
 	// placeholder. mentions[i] are the owners operation i names (in its input, or in what a read
 	// returned); left counts, per owner, the operations naming it not yet ordered.
-	ownerID := map[string]int32{}
+	ownerID := make(map[string]int32, n/2)
 	mentions := make([][]int32, n)
 	var left []int32
 	for i, op := range ops {
@@ -161,12 +161,21 @@ func search(ops []porcupine.Operation, init []state, deadline time.Time, maxStep
 			}
 		}
 	}
+	// dead is called at every step, mostly for the owner of the step before: the last owner
+	// looked up is kept, so that most steps hash no string.
+	lastOwner, lastID := "", int32(-1)
 	dead := func(owner string) bool {
 		if owner == "" || owner == unobservable {
 			return false
 		}
-		id, ok := ownerID[owner]
-		return !ok || left[id] == 0
+		if owner != lastOwner {
+			id, ok := ownerID[owner]
+			if !ok {
+				return true
+			}
+			lastOwner, lastID = owner, id
+		}
+		return left[lastID] == 0
 	}
 	// Twins. Operations with the same input and output but for an owner that only they name,
 	// and the same return, have the same effect on the states (their owners become
@@ -196,11 +205,24 @@ func search(ops []porcupine.Operation, init []state, deadline time.Time, maxStep
 		for i := range byCall {
 			byCall[i] = i
 		}
-		sort.SliceStable(byCall, func(a, b int) bool { return ops[byCall[a]].Call < ops[byCall[b]].Call })
+		if !sort.SliceIsSorted(byCall, func(a, b int) bool { return ops[byCall[a]].Call < ops[byCall[b]].Call }) {
+			sort.SliceStable(byCall, func(a, b int) bool { return ops[byCall[a]].Call < ops[byCall[b]].Call })
+		}
+		// Only operations that return at the same instant as another can be twins: in a
+		// passing history, mostly those open to the end. The others stay out of the map.
+		sharedRet := make([]bool, n)
+		for k := 1; k < len(stamps); k++ {
+			if a, b := stamps[k-1], stamps[k]; a.ret && b.ret && a.t == b.t {
+				sharedRet[a.op], sharedRet[b.op] = true, true
+			}
+		}
 		last := map[twinKey]int{}
 		for _, i := range byCall {
-			in, out := ops[i].Input.(input), ops[i].Output.(output)
 			prevTwin[i] = -1
+			if !sharedRet[i] {
+				continue
+			}
+			in, out := ops[i].Input.(input), ops[i].Output.(output)
 			if out.Owner != "" || (in.Owner != "" && (left[ownerID[in.Owner]] != 1 || initOwner[in.Owner])) {
 				continue // it names an owner something else names: no twin
 			}
@@ -420,11 +442,11 @@ func search(ops []porcupine.Operation, init []state, deadline time.Time, maxStep
 			}
 			op := ops[e.op]
 			in := op.Input.(input)
-			nexts := step(st, in, op.Output.(output))
+			nexts := after(st, in, op.Output.(output))
 			descended := false
 			order(e.op, -1)
-			for a := from; a < len(nexts); a++ {
-				next := nexts[a].(state)
+			for a := from; a < nexts.n; a++ {
+				next := nexts.s[a]
 				if deferrable[e.op] && next == st {
 					continue // not taking effect: ordered last
 				}
