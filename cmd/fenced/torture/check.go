@@ -32,14 +32,16 @@ const (
 )
 
 // The model search's budgets per resource, in steps (search.go), beside its time budget, so
-// that a verdict does not depend on the machine's load. A passing history with bounded
+// that a verdict does not depend on the machine's load alone. A passing history with bounded
 // concurrency takes about one step per operation; bursts of unknown outcomes take up to a
 // few hundred per operation (TestTwinsWithNamedUnknownsDecide); proving a history illegal
-// may take time exponential in the operations open at once. A resource the direct checks
-// already flagged gets the smaller budget: its verdict is a failure either way.
+// may take time exponential in the operations open at once. A step takes 0.1-0.3 µs, so the
+// full budget (tens of seconds on a quiet machine) rarely runs out before the time budget
+// does on a loaded one. A resource the direct checks already flagged gets the small budget
+// (TestUnfencedControlCheckIsBounded): its verdict is a failure either way.
 const (
-	searchStepsBase   = 1 << 22
-	searchStepsPerOp  = 1024
+	searchStepsBase   = 1 << 26
+	searchStepsPerOp  = 1 << 12
 	flaggedStepsBase  = 1 << 16
 	flaggedStepsPerOp = 64
 )
