@@ -136,7 +136,8 @@ func Check(h *History, init map[string]State, timeout time.Duration) *Result {
 			c.restores[op.Resource] = append(c.restores[op.Resource], op)
 		}
 	}
-	for _, res := range h.Resources() {
+	resources := h.Resources()
+	for _, res := range resources {
 		ops := byRes[res]
 		c.gateTokens(res, withGate[res], fencing)
 		c.tokens(res, ops)
@@ -154,7 +155,7 @@ func Check(h *History, init map[string]State, timeout time.Duration) *Result {
 	for _, v := range r.Violations {
 		flagged[v.Resource] = true
 	}
-	for _, res := range h.Resources() {
+	for _, res := range resources {
 		// Proving that no order exists can take the search time exponential in the operations
 		// open at once; where the direct checks already found a violation the model adds
 		// little, and it gets a short budget.
