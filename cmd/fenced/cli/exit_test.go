@@ -8,6 +8,7 @@ import (
 	"testing"
 
 	"github.com/fenced-dev/fenced"
+	"github.com/fenced-dev/fenced/cmd/fenced/torture"
 )
 
 func TestExitCode(t *testing.T) {
@@ -48,5 +49,30 @@ func TestSentence(t *testing.T) {
 	got = sentence(fmt.Errorf("acquire %q: %w", "r", fenced.ErrNotProvisioned))
 	if !strings.HasPrefix(got, "fenced: ") || !strings.Contains(got, `run "fenced provision" first`) {
 		t.Errorf("sentence = %q, want a hint to provision", got)
+	}
+}
+
+// A run is a pass only when every resource's model check finished without a violation: one
+// that did not finish is exit 1 even when no violation was found, and violations win over it.
+func TestTortureVerdict(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		res  torture.Result
+		want int
+	}{
+		{"clean", torture.Result{}, ExitOK},
+		{"violations", torture.Result{Violations: []torture.Violation{{Resource: "r"}}}, ExitViolations},
+		{"model check unfinished", torture.Result{Inconclusive: []string{"nœud 1"}}, ExitOperational},
+		{"both", torture.Result{Violations: []torture.Violation{{Resource: "r"}}, Inconclusive: []string{"s"}}, ExitViolations},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			err := verdict(&tc.res)
+			if got := exitCode(err); got != tc.want {
+				t.Errorf("verdict: %v, exit %d, want %d", err, got, tc.want)
+			}
+			if tc.want == ExitOperational && !strings.Contains(sentence(err), `"nœud 1"`) {
+				t.Errorf("%q does not name the resource", sentence(err))
+			}
+		})
 	}
 }

@@ -581,11 +581,25 @@ func (a *app) torture(cmd *cobra.Command, o tortureOptions) error {
 		return err
 	}
 	fmt.Fprintf(a.stdout, "report: %s\n", path)
-	if !res.OK() {
-		return &violationsError{n: len(res.Violations)}
-	}
 	if interrupted {
+		if err := verdict(res); err != nil {
+			return err
+		}
 		return fmt.Errorf("torture interrupted after %s (report written): %w", elapsed.Round(time.Millisecond), ctx.Err())
+	}
+	return verdict(res)
+}
+
+// verdict is the run's outcome once its history is checked: violations are exit 7, and a
+// model check that did not finish on some resource is an operational error (exit 1), never a
+// pass, whatever the other resources showed.
+func verdict(res *torture.Result) error {
+	switch {
+	case !res.OK():
+		return &violationsError{n: len(res.Violations)}
+	case len(res.Inconclusive) > 0:
+		return fmt.Errorf("the model check did not finish on %d resources %q; a larger --check-timeout may let it finish",
+			len(res.Inconclusive), res.Inconclusive)
 	}
 	return nil
 }
