@@ -10,6 +10,7 @@ import (
 	"math"
 	"net"
 	"net/http"
+	"strings"
 	"sync"
 	"time"
 )
@@ -158,7 +159,53 @@ func (l *loop) run(first *http.Request) {
 			return
 		}
 		_ = l.conn.SetReadDeadline(time.Time{})
+		if !l.expect(req) {
+			_ = l.conn.Close()
+			return
+		}
 	}
+}
+
+// expect handles a request's Expect header as net/http does: "100-continue" on an HTTP/1.1
+// request with a body is answered with 100 Continue when the handler first reads the body;
+// any other expectation is refused with 417 and the connection ends (it reports false).
+// (The connection's first request is net/http's, which did the same before the loop began.)
+func (l *loop) expect(r *http.Request) bool {
+	ex := r.Header.Get("Expect")
+	switch {
+	case ex == "":
+		return true
+	case !strings.EqualFold(ex, "100-continue"):
+		l.reject("417 Expectation Failed")
+		return false
+	case r.ProtoAtLeast(1, 1) && r.ContentLength != 0:
+		r.Body = &continueReader{ReadCloser: r.Body, l: l}
+	}
+	r.Header.Del("Expect")
+	return true
+}
+
+// continueReader writes 100 Continue before the first read of a request's body.
+type continueReader struct {
+	io.ReadCloser
+	l    *loop
+	sent bool
+}
+
+func (c *continueReader) Read(p []byte) (int, error) {
+	if !c.sent {
+		c.sent = true
+		if c.l.writeTimeout > 0 {
+			_ = c.l.conn.SetWriteDeadline(time.Now().Add(c.l.writeTimeout))
+		}
+		if _, err := c.l.bw.WriteString("HTTP/1.1 100 Continue\r\n\r\n"); err != nil {
+			return 0, err
+		}
+		if err := c.l.bw.Flush(); err != nil {
+			return 0, err
+		}
+	}
+	return c.ReadCloser.Read(p)
 }
 
 // refuse answers a request that could not be read, as net/http does, and the connection ends.
@@ -173,6 +220,11 @@ func (l *loop) refuse(err error) {
 	if l.src.N <= 0 {
 		status = "431 Request Header Fields Too Large"
 	}
+	l.reject(status)
+}
+
+// reject writes a plain answer that ends the connection.
+func (l *loop) reject(status string) {
 	_ = l.conn.SetWriteDeadline(time.Now().Add(time.Second))
 	_, _ = io.WriteString(l.conn, "HTTP/1.1 "+status+"\r\nContent-Type: text/plain; charset=utf-8\r\nConnection: close\r\n\r\n"+status)
 }
@@ -193,9 +245,15 @@ func (l *loop) serve(r *http.Request) (keep, handed bool) {
 	if w.hijacked {
 		return false, true
 	}
-	// Nothing of the request may be left unread, or the next one would start inside it.
-	n, err := io.Copy(io.Discard, io.LimitReader(r.Body, 256<<10))
-	keep = err == nil && n < 256<<10 && !r.Close
+	// Nothing of the request may be left unread, or the next one would start inside it. A
+	// client that expected 100 Continue and was not told to send its body may send it or
+	// not: the connection cannot carry another request (as under net/http).
+	if cr, ok := r.Body.(*continueReader); ok && !cr.sent {
+		keep = false
+	} else {
+		n, err := io.Copy(io.Discard, io.LimitReader(r.Body, 256<<10))
+		keep = err == nil && n < 256<<10 && !r.Close
+	}
 	l.mu.Lock()
 	keep = keep && !l.closing
 	l.mu.Unlock()

@@ -109,6 +109,10 @@ func Open(rawURL string, opts *Options) (*Driver, error) {
 	if u.User != nil {
 		return nil, errors.New("fenced service URL: credentials in the URL are not sent; pass a bearer token instead")
 	}
+	if u.RawQuery != "" || u.Fragment != "" || u.ForceQuery {
+		// Paths are appended to the URL as it is written; a query would end up in their middle.
+		return nil, errors.New("fenced service URL: it takes no query or fragment, only a scheme, a host and an optional path prefix")
+	}
 	var o Options
 	if opts != nil {
 		o = *opts
