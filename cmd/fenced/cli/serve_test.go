@@ -296,17 +296,17 @@ func TestTortureThroughService(t *testing.T) {
 	checkTortured(t, out, "pause", "kill", "drop-reply")
 }
 
-// TestServeSyncConnections: with --sync-connections a client on the remote driver's
+// TestServeSyncConnections: by default (--sync-connections) a client on the remote driver's
 // SyncTransport has its connection served by the loop after its first request, so the
-// http.Server sees that connection become active once; without the flag it sees every request
-// (the control). The cycle runs after an epoch bump, on a name with a space and a non-ASCII
+// http.Server sees that connection become active once; with --sync-connections=false it sees
+// every request (the control). The cycle runs after an epoch bump, on a name with a space and a non-ASCII
 // letter and a payload with a NUL byte.
 func TestServeSyncConnections(t *testing.T) {
 	for _, tc := range []struct {
 		name     string
 		flags    []string
 		oneStart bool
-	}{{"with the flag", []string{"--sync-connections"}, true}, {"without it", nil, false}} {
+	}{{"by default", nil, true}, {"with the flag", []string{"--sync-connections"}, true}, {"turned off", []string{"--sync-connections=false"}, false}} {
 		t.Run(tc.name, func(t *testing.T) {
 			var active atomic.Int64
 			t.Cleanup(cli.SetServeHooks(func() { active.Add(1) }, func() {}))
