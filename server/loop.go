@@ -68,6 +68,7 @@ func (s *Server) serveHTTP(w http.ResponseWriter, r *http.Request) {
 		l.writeTimeout = hs.WriteTimeout
 	}
 	l.br = bufio.NewReader(l.src)
+	l.remoteAddr = conn.RemoteAddr().String()
 	r.Body = io.NopCloser(bytes.NewReader(body))
 	s.parked.add() // WaitAnswered waits for the loop to end
 	defer s.parked.done()
@@ -102,6 +103,9 @@ type loop struct {
 	base                                     context.Context
 	idleTimeout, headerTimeout, writeTimeout time.Duration
 	maxHeader                                int
+	remoteAddr                               string   // the client's, set on every request
+	date                                     []string // the last answer's Date header
+	dateSec                                  int64    // the second it names
 
 	mu      sync.Mutex
 	idle    bool
@@ -235,7 +239,7 @@ func (l *loop) serve(r *http.Request) (keep, handed bool) {
 	ctx, cancel := context.WithCancel(l.base)
 	defer cancel()
 	r = r.WithContext(ctx)
-	r.RemoteAddr = l.conn.RemoteAddr().String()
+	r.RemoteAddr = l.remoteAddr
 	if tc, ok := l.conn.(*tls.Conn); ok {
 		st := tc.ConnectionState()
 		r.TLS = &st
@@ -261,7 +265,7 @@ func (l *loop) serve(r *http.Request) (keep, handed bool) {
 		w.status = http.StatusOK
 	}
 	if _, ok := w.header["Date"]; !ok { // as net/http: an origin server with a clock sends one
-		w.header.Set("Date", time.Now().UTC().Format(http.TimeFormat))
+		w.header["Date"] = l.dateNow()
 	}
 	resp := &http.Response{StatusCode: w.status, ProtoMajor: 1, ProtoMinor: 1, Header: w.header, Request: r,
 		ContentLength: int64(w.body.Len()), Body: io.NopCloser(&w.body), Close: !keep}
@@ -272,6 +276,16 @@ func (l *loop) serve(r *http.Request) (keep, handed bool) {
 		return false, false
 	}
 	return keep, false
+}
+
+// dateNow is the Date header for an answer written now, formatted once a second. The slice
+// is shared by the answers of that second, which only write it.
+func (l *loop) dateNow() []string {
+	now := time.Now()
+	if sec := now.Unix(); sec != l.dateSec || l.date == nil {
+		l.date, l.dateSec = []string{now.UTC().Format(http.TimeFormat)}, sec
+	}
+	return l.date
 }
 
 // loopWriter holds a handler's answer until it returns, so that it is written with its length
