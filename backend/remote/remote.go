@@ -64,7 +64,8 @@ type Options struct {
 	// calling goroutine, over HTTP/1.1 connections kept between requests, instead of
 	// net/http's Transport and its reading and writing goroutines per connection: a cycle
 	// through the service then waits for fewer goroutine wake-ups (docs/SERVICE.md, Numbers).
-	// It reads no proxy settings and speaks no HTTP/2. Not with Client. Default false.
+	// It reads no proxy settings and speaks no HTTP/2. Not with Client. Default false (the
+	// fenced command's --db http:// client turns it on unless a proxy applies to the URL).
 	SyncTransport bool
 }
 

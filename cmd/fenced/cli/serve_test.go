@@ -341,6 +341,21 @@ func TestServeSyncConnections(t *testing.T) {
 			if n := active.Load(); (n == 1) != tc.oneStart {
 				t.Errorf("the http.Server saw a connection become active %d times", n)
 			}
+			// The service's own metrics count every request, on the loop too.
+			resp, err := http.Get(s.url + "/metrics")
+			if err != nil {
+				t.Fatal(err)
+			}
+			m, err := io.ReadAll(resp.Body)
+			_ = resp.Body.Close()
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, want := range []string{`fenced_answers_total{operation="acquire",outcome="ok"} 3`, `fenced_answers_total{operation="publish-and-release",outcome="ok"} 3`} {
+				if !strings.Contains(string(m), want+"\n") {
+					t.Errorf("/metrics lacks %q", want)
+				}
+			}
 		})
 	}
 }
