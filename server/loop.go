@@ -13,6 +13,8 @@ import (
 	"strings"
 	"sync"
 	"time"
+
+	"github.com/fenced-dev/fenced/internal/peek"
 )
 
 // HeaderSyncConnection is the request header that, with the value "sync", asks the service to
@@ -313,6 +315,25 @@ func (w *loopWriter) Write(b []byte) (int, error) {
 		w.status = http.StatusOK
 	}
 	return w.body.Write(b)
+}
+
+// hungUp reports whether the client of w's request is known to have closed its connection.
+// Only the loop needs asking: net/http's background read ends the request's context instead.
+func hungUp(w http.ResponseWriter) bool {
+	for {
+		switch x := w.(type) {
+		case *loopWriter:
+			c := x.conn
+			if tc, ok := c.(*tls.Conn); ok {
+				c = tc.NetConn()
+			}
+			return peek.Conn(c) == peek.Closed
+		case interface{ Unwrap() http.ResponseWriter }:
+			w = x.Unwrap()
+		default:
+			return false
+		}
+	}
 }
 
 // Hijack hands the connection to a parked waiter; the loop ends.

@@ -132,14 +132,17 @@ func TestLoopShutdown(t *testing.T) {
 	}
 }
 
-// A request the loop cannot parse is answered 400 and the connection ends, as net/http does.
-func TestLoopMalformedRequest(t *testing.T) {
-	_, _, addr, events := loopService(t, sqliteBacking(t).open(t))
+// loopedConn dials addr and asks, with its first request, for the connection to be looped.
+func loopedConn(t *testing.T, addr string) (net.Conn, *bufio.Reader) {
+	t.Helper()
 	c, err := net.Dial("tcp", addr)
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer c.Close()
+	t.Cleanup(func() { _ = c.Close() })
+	if err := c.SetDeadline(time.Now().Add(time.Minute)); err != nil {
+		t.Fatal(err)
+	}
 	br := bufio.NewReader(c)
 	if _, err := io.WriteString(c, "GET /healthz HTTP/1.1\r\nHost: x\r\n"+server.HeaderSyncConnection+": sync\r\n\r\n"); err != nil {
 		t.Fatal(err)
@@ -149,6 +152,13 @@ func TestLoopMalformedRequest(t *testing.T) {
 		t.Fatalf("first request: %v %v", resp, err)
 	}
 	_, _ = io.Copy(io.Discard, resp.Body)
+	return c, br
+}
+
+// A request the loop cannot parse is answered 400 and the connection ends, as net/http does.
+func TestLoopMalformedRequest(t *testing.T) {
+	_, _, addr, events := loopService(t, sqliteBacking(t).open(t))
+	c, br := loopedConn(t, addr)
 	if got := <-events; got != "loop" {
 		t.Fatalf("event %q, want loop", got)
 	}
@@ -156,7 +166,7 @@ func TestLoopMalformedRequest(t *testing.T) {
 	if _, err := io.WriteString(c, "GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n"); err != nil {
 		t.Fatal(err)
 	}
-	resp, err = http.ReadResponse(br, nil)
+	resp, err := http.ReadResponse(br, nil)
 	if err != nil || resp.StatusCode != http.StatusOK {
 		t.Fatalf("second request: %v %v", resp, err)
 	}
@@ -345,9 +355,7 @@ func TestLoopExpectContinue(t *testing.T) {
 		t.Fatalf("event %q, want loop-end", got)
 	}
 
-	c, br = dial()
-	send(c, "GET /healthz HTTP/1.1\r\nHost: x\r\n"+server.HeaderSyncConnection+": sync\r\n\r\n")
-	read(br, "healthz")
+	c, br = loopedConn(t, addr)
 	if got := <-events; got != "loop" {
 		t.Fatalf("event %q, want loop", got)
 	}
@@ -358,4 +366,40 @@ func TestLoopExpectContinue(t *testing.T) {
 	if got := <-events; got != "loop-end" {
 		t.Fatalf("event %q, want loop-end", got)
 	}
+}
+
+// A client on a looped connection that hangs up while its waiting acquisition's first
+// attempt is with the database: the attempt is granted, and the service releases that lease
+// at once, as on net/http, though no background read told the request of the hang-up.
+func TestLoopWaiterHangsUpDuringAttempt(t *testing.T) {
+	ps := newParkedServiceWith(t, &server.Options{SyncConnections: true})
+	before, err := ps.store.Show(testCtx(t), parkedResource)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, _ := loopedConn(t, ps.h.addr)
+	ps.event(t, "loop")
+	ps.drv.armed.Store(true)
+	body := `{"ttl_ms":60000,"wait_ms":60000,"owner":"gone waiter ü"}`
+	if _, err := fmt.Fprintf(c, "POST /v1/resources/parked%%20wait%%20%%C3%%BC/acquire HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s",
+		len(body), body); err != nil {
+		t.Fatal(err)
+	}
+	<-ps.drv.attempting
+	_ = c.Close()
+	close(ps.drv.open)
+	ps.event(t, "released")
+	ps.event(t, "loop-end")
+	st, err := ps.store.Show(testCtx(t), parkedResource)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st.Held() || st.Generation != before.Generation+1 {
+		t.Fatalf("after a grant to a client that hung up: held=%v generation %d (was %d); want it granted and released",
+			st.Held(), st.Generation, before.Generation)
+	}
+	ps.metrics(t, map[string]float64{
+		"fenced_waiters": 0,
+		`fenced_answers_total{operation="acquire",outcome="client-gone"}`: 1,
+	})
 }
