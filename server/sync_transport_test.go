@@ -22,6 +22,12 @@ func TestConformanceThroughServiceSyncTransport(t *testing.T) {
 	drivertest.Run(t, func(t *testing.T) drivertest.Target { return remoteTargetWith(t, sqliteBacking(t), true) })
 }
 
+// The same on PostgreSQL, the database the fenced command's --db http:// client (on
+// SyncTransport by default) most often reaches through a service.
+func TestConformanceThroughServicePostgresSyncTransport(t *testing.T) {
+	drivertest.Run(t, func(t *testing.T) drivertest.Target { return remoteTargetWith(t, postgresBacking(t), true) })
+}
+
 // leaseService answers every acquisition with a lease after calling before, and counts the
 // connections it accepted.
 func leaseService(t *testing.T, before func(r *http.Request)) (*httptest.Server, *atomic.Int64) {
