@@ -10,8 +10,11 @@ import (
 	"math"
 	"net"
 	"net/http"
+	"strings"
 	"sync"
 	"time"
+
+	"github.com/fenced-dev/fenced/internal/peek"
 )
 
 // HeaderSyncConnection is the request header that, with the value "sync", asks the service to
@@ -67,6 +70,7 @@ func (s *Server) serveHTTP(w http.ResponseWriter, r *http.Request) {
 		l.writeTimeout = hs.WriteTimeout
 	}
 	l.br = bufio.NewReader(l.src)
+	l.remoteAddr = conn.RemoteAddr().String()
 	r.Body = io.NopCloser(bytes.NewReader(body))
 	s.parked.add() // WaitAnswered waits for the loop to end
 	defer s.parked.done()
@@ -101,6 +105,9 @@ type loop struct {
 	base                                     context.Context
 	idleTimeout, headerTimeout, writeTimeout time.Duration
 	maxHeader                                int
+	remoteAddr                               string   // the client's, set on every request
+	date                                     []string // the last answer's Date header
+	dateSec                                  int64    // the second it names
 
 	mu      sync.Mutex
 	idle    bool
@@ -158,7 +165,53 @@ func (l *loop) run(first *http.Request) {
 			return
 		}
 		_ = l.conn.SetReadDeadline(time.Time{})
+		if !l.expect(req) {
+			_ = l.conn.Close()
+			return
+		}
 	}
+}
+
+// expect handles a request's Expect header as net/http does: "100-continue" on an HTTP/1.1
+// request with a body is answered with 100 Continue when the handler first reads the body;
+// any other expectation is refused with 417 and the connection ends (it reports false).
+// (The connection's first request is net/http's, which did the same before the loop began.)
+func (l *loop) expect(r *http.Request) bool {
+	ex := r.Header.Get("Expect")
+	switch {
+	case ex == "":
+		return true
+	case !strings.EqualFold(ex, "100-continue"):
+		l.reject("417 Expectation Failed")
+		return false
+	case r.ProtoAtLeast(1, 1) && r.ContentLength != 0:
+		r.Body = &continueReader{ReadCloser: r.Body, l: l}
+	}
+	r.Header.Del("Expect")
+	return true
+}
+
+// continueReader writes 100 Continue before the first read of a request's body.
+type continueReader struct {
+	io.ReadCloser
+	l    *loop
+	sent bool
+}
+
+func (c *continueReader) Read(p []byte) (int, error) {
+	if !c.sent {
+		c.sent = true
+		if c.l.writeTimeout > 0 {
+			_ = c.l.conn.SetWriteDeadline(time.Now().Add(c.l.writeTimeout))
+		}
+		if _, err := c.l.bw.WriteString("HTTP/1.1 100 Continue\r\n\r\n"); err != nil {
+			return 0, err
+		}
+		if err := c.l.bw.Flush(); err != nil {
+			return 0, err
+		}
+	}
+	return c.ReadCloser.Read(p)
 }
 
 // refuse answers a request that could not be read, as net/http does, and the connection ends.
@@ -173,6 +226,11 @@ func (l *loop) refuse(err error) {
 	if l.src.N <= 0 {
 		status = "431 Request Header Fields Too Large"
 	}
+	l.reject(status)
+}
+
+// reject writes a plain answer that ends the connection.
+func (l *loop) reject(status string) {
 	_ = l.conn.SetWriteDeadline(time.Now().Add(time.Second))
 	_, _ = io.WriteString(l.conn, "HTTP/1.1 "+status+"\r\nContent-Type: text/plain; charset=utf-8\r\nConnection: close\r\n\r\n"+status)
 }
@@ -183,7 +241,7 @@ func (l *loop) serve(r *http.Request) (keep, handed bool) {
 	ctx, cancel := context.WithCancel(l.base)
 	defer cancel()
 	r = r.WithContext(ctx)
-	r.RemoteAddr = l.conn.RemoteAddr().String()
+	r.RemoteAddr = l.remoteAddr
 	if tc, ok := l.conn.(*tls.Conn); ok {
 		st := tc.ConnectionState()
 		r.TLS = &st
@@ -193,9 +251,15 @@ func (l *loop) serve(r *http.Request) (keep, handed bool) {
 	if w.hijacked {
 		return false, true
 	}
-	// Nothing of the request may be left unread, or the next one would start inside it.
-	n, err := io.Copy(io.Discard, io.LimitReader(r.Body, 256<<10))
-	keep = err == nil && n < 256<<10 && !r.Close
+	// Nothing of the request may be left unread, or the next one would start inside it. A
+	// client that expected 100 Continue and was not told to send its body may send it or
+	// not: the connection cannot carry another request (as under net/http).
+	if cr, ok := r.Body.(*continueReader); ok && !cr.sent {
+		keep = false
+	} else {
+		n, err := io.Copy(io.Discard, io.LimitReader(r.Body, 256<<10))
+		keep = err == nil && n < 256<<10 && !r.Close
+	}
 	l.mu.Lock()
 	keep = keep && !l.closing
 	l.mu.Unlock()
@@ -203,7 +267,7 @@ func (l *loop) serve(r *http.Request) (keep, handed bool) {
 		w.status = http.StatusOK
 	}
 	if _, ok := w.header["Date"]; !ok { // as net/http: an origin server with a clock sends one
-		w.header.Set("Date", time.Now().UTC().Format(http.TimeFormat))
+		w.header["Date"] = l.dateNow()
 	}
 	resp := &http.Response{StatusCode: w.status, ProtoMajor: 1, ProtoMinor: 1, Header: w.header, Request: r,
 		ContentLength: int64(w.body.Len()), Body: io.NopCloser(&w.body), Close: !keep}
@@ -214,6 +278,16 @@ func (l *loop) serve(r *http.Request) (keep, handed bool) {
 		return false, false
 	}
 	return keep, false
+}
+
+// dateNow is the Date header for an answer written now, formatted once a second. The slice
+// is shared by the answers of that second, which only write it.
+func (l *loop) dateNow() []string {
+	now := time.Now()
+	if sec := now.Unix(); sec != l.dateSec || l.date == nil {
+		l.date, l.dateSec = []string{now.UTC().Format(http.TimeFormat)}, sec
+	}
+	return l.date
 }
 
 // loopWriter holds a handler's answer until it returns, so that it is written with its length
@@ -241,6 +315,25 @@ func (w *loopWriter) Write(b []byte) (int, error) {
 		w.status = http.StatusOK
 	}
 	return w.body.Write(b)
+}
+
+// hungUp reports whether the client of w's request is known to have closed its connection.
+// Only the loop needs asking: net/http's background read ends the request's context instead.
+func hungUp(w http.ResponseWriter) bool {
+	for {
+		switch x := w.(type) {
+		case *loopWriter:
+			c := x.conn
+			if tc, ok := c.(*tls.Conn); ok {
+				c = tc.NetConn()
+			}
+			return peek.Conn(c) == peek.Closed
+		case interface{ Unwrap() http.ResponseWriter }:
+			w = x.Unwrap()
+		default:
+			return false
+		}
+	}
 }
 
 // Hijack hands the connection to a parked waiter; the loop ends.

@@ -6,6 +6,7 @@ import (
 	"crypto/tls"
 	"crypto/x509"
 	"errors"
+	"fmt"
 	"io"
 	"net"
 	"net/http"
@@ -131,14 +132,17 @@ func TestLoopShutdown(t *testing.T) {
 	}
 }
 
-// A request the loop cannot parse is answered 400 and the connection ends, as net/http does.
-func TestLoopMalformedRequest(t *testing.T) {
-	_, _, addr, events := loopService(t, sqliteBacking(t).open(t))
+// loopedConn dials addr and asks, with its first request, for the connection to be looped.
+func loopedConn(t *testing.T, addr string) (net.Conn, *bufio.Reader) {
+	t.Helper()
 	c, err := net.Dial("tcp", addr)
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer c.Close()
+	t.Cleanup(func() { _ = c.Close() })
+	if err := c.SetDeadline(time.Now().Add(time.Minute)); err != nil {
+		t.Fatal(err)
+	}
 	br := bufio.NewReader(c)
 	if _, err := io.WriteString(c, "GET /healthz HTTP/1.1\r\nHost: x\r\n"+server.HeaderSyncConnection+": sync\r\n\r\n"); err != nil {
 		t.Fatal(err)
@@ -148,6 +152,13 @@ func TestLoopMalformedRequest(t *testing.T) {
 		t.Fatalf("first request: %v %v", resp, err)
 	}
 	_, _ = io.Copy(io.Discard, resp.Body)
+	return c, br
+}
+
+// A request the loop cannot parse is answered 400 and the connection ends, as net/http does.
+func TestLoopMalformedRequest(t *testing.T) {
+	_, _, addr, events := loopService(t, sqliteBacking(t).open(t))
+	c, br := loopedConn(t, addr)
 	if got := <-events; got != "loop" {
 		t.Fatalf("event %q, want loop", got)
 	}
@@ -155,7 +166,7 @@ func TestLoopMalformedRequest(t *testing.T) {
 	if _, err := io.WriteString(c, "GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n"); err != nil {
 		t.Fatal(err)
 	}
-	resp, err = http.ReadResponse(br, nil)
+	resp, err := http.ReadResponse(br, nil)
 	if err != nil || resp.StatusCode != http.StatusOK {
 		t.Fatalf("second request: %v %v", resp, err)
 	}
@@ -247,4 +258,148 @@ func TestLoopTLS(t *testing.T) {
 		t.Fatalf("event %q: the loop did not keep the TLS connection", e)
 	default:
 	}
+}
+
+// A waiting acquisition on a looped connection ends when its client goes away, as on
+// net/http's: the client's context ends, its transport closes the connection, the parked
+// waiter sees the hang-up, and the waiter count drops back to zero. The lease stays the
+// holder's, and the loop's requests are counted by the same metrics as net/http's.
+func TestLoopWaiterHangsUp(t *testing.T) {
+	ps := newParkedServiceWith(t, &server.Options{SyncConnections: true})
+	holder := ps.hold(t)
+	client, err := fenced.New(testCtx(t), syncClient(t, ps.h.addr, ""), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ps.event(t, "loop") // the client's first request
+	ctx, cancel := context.WithCancel(testCtx(t))
+	defer cancel()
+	got := remoteWaiter(t, client, ctx, fenced.AsOwner("looped waiter ü"))
+	ps.event(t, "parked")
+	ps.event(t, "loop-end")
+	if n := ps.metric(t, "fenced_waiters"); n != 1 {
+		t.Fatalf("fenced_waiters %v while one waits", n)
+	}
+	cancel()
+	if r := <-got; !errors.Is(r.err, context.Canceled) {
+		t.Fatalf("the cancelled waiter: %v, %v", r.lease, r.err)
+	}
+	ps.events2(t, "gone", "answered")
+	ps.metrics(t, map[string]float64{
+		"fenced_waiters": 0,
+		`fenced_wait_seconds_count{result="gone"}`:                        1,
+		`fenced_answers_total{operation="acquire",outcome="client-gone"}`: 1,
+	})
+	st, err := ps.store.Show(testCtx(t), parkedResource)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st.Owner != holder.Owner() || st.Generation != holder.Generation() {
+		t.Fatalf("after the waiter left: owner %q generation %d, want the holder's (%q, %d)", st.Owner, st.Generation, holder.Owner(), holder.Generation())
+	}
+}
+
+// Expect on a looped connection is handled as net/http handles it: 100-continue is answered
+// when the handler reads the body, a request answered without reading its body ends the
+// connection (the client may or may not send that body), and any other expectation is 417.
+func TestLoopExpectContinue(t *testing.T) {
+	_, _, addr, events := loopService(t, sqliteBacking(t).open(t))
+	dial := func() (net.Conn, *bufio.Reader) {
+		c, err := net.Dial("tcp", addr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = c.Close() })
+		if err := c.SetDeadline(time.Now().Add(time.Minute)); err != nil {
+			t.Fatal(err)
+		}
+		return c, bufio.NewReader(c)
+	}
+	send := func(c net.Conn, s string) {
+		if _, err := io.WriteString(c, s); err != nil {
+			t.Fatal(err)
+		}
+	}
+	read := func(br *bufio.Reader, what string) (*http.Response, string) {
+		t.Helper()
+		resp, err := http.ReadResponse(br, nil)
+		if err != nil {
+			t.Fatalf("%s: %v", what, err)
+		}
+		b, _ := io.ReadAll(resp.Body)
+		return resp, string(b)
+	}
+	c, br := dial()
+	send(c, "PUT /v1/resources/e%20%C3%BC HTTP/1.1\r\nHost: x\r\n"+server.HeaderSyncConnection+": sync\r\nContent-Length: 0\r\n\r\n")
+	if resp, b := read(br, "provision"); resp.StatusCode/100 != 2 {
+		t.Fatalf("provision: %d %s", resp.StatusCode, b)
+	}
+	if got := <-events; got != "loop" {
+		t.Fatalf("event %q, want loop", got)
+	}
+	body := `{"ttl_ms":60000,"owner":"owner ü"}`
+	send(c, fmt.Sprintf("POST /v1/resources/e%%20%%C3%%BC/acquire HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nExpect: 100-continue\r\nContent-Length: %d\r\n\r\n", len(body)))
+	if resp, _ := read(br, "the interim answer"); resp.StatusCode != http.StatusContinue {
+		t.Fatalf("the answer to Expect: 100-continue is %d, want 100 before the body is sent", resp.StatusCode)
+	}
+	send(c, body)
+	if resp, b := read(br, "acquire"); resp.StatusCode != 200 || resp.Close || !strings.Contains(b, `"owner":"owner ü"`) {
+		t.Fatalf("acquire after 100 Continue: %d close=%v %s", resp.StatusCode, resp.Close, b)
+	}
+	// Answered without its body being read: no 100, and the connection ends after the answer.
+	send(c, "POST /v1/no-such-thing HTTP/1.1\r\nHost: x\r\nExpect: 100-continue\r\nContent-Length: 5\r\n\r\n")
+	if resp, _ := read(br, "an unknown path"); resp.StatusCode != http.StatusNotFound || !resp.Close {
+		t.Fatalf("an unknown path with Expect: %d close=%v, want 404 and Connection: close", resp.StatusCode, resp.Close)
+	}
+	if got := <-events; got != "loop-end" {
+		t.Fatalf("event %q, want loop-end", got)
+	}
+
+	c, br = loopedConn(t, addr)
+	if got := <-events; got != "loop" {
+		t.Fatalf("event %q, want loop", got)
+	}
+	send(c, "GET /healthz HTTP/1.1\r\nHost: x\r\nExpect: something-else\r\n\r\n")
+	if resp, _ := read(br, "an unknown expectation"); resp.StatusCode != http.StatusExpectationFailed || !resp.Close {
+		t.Fatalf("an unknown expectation: %d close=%v, want 417 and Connection: close", resp.StatusCode, resp.Close)
+	}
+	if got := <-events; got != "loop-end" {
+		t.Fatalf("event %q, want loop-end", got)
+	}
+}
+
+// A client on a looped connection that hangs up while its waiting acquisition's first
+// attempt is with the database: the attempt is granted, and the service releases that lease
+// at once, as on net/http, though no background read told the request of the hang-up.
+func TestLoopWaiterHangsUpDuringAttempt(t *testing.T) {
+	ps := newParkedServiceWith(t, &server.Options{SyncConnections: true})
+	before, err := ps.store.Show(testCtx(t), parkedResource)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, _ := loopedConn(t, ps.h.addr)
+	ps.event(t, "loop")
+	ps.drv.armed.Store(true)
+	body := `{"ttl_ms":60000,"wait_ms":60000,"owner":"gone waiter ü"}`
+	if _, err := fmt.Fprintf(c, "POST /v1/resources/parked%%20wait%%20%%C3%%BC/acquire HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s",
+		len(body), body); err != nil {
+		t.Fatal(err)
+	}
+	<-ps.drv.attempting
+	_ = c.Close()
+	close(ps.drv.open)
+	ps.event(t, "released")
+	ps.event(t, "loop-end")
+	st, err := ps.store.Show(testCtx(t), parkedResource)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st.Held() || st.Generation != before.Generation+1 {
+		t.Fatalf("after a grant to a client that hung up: held=%v generation %d (was %d); want it granted and released",
+			st.Held(), st.Generation, before.Generation)
+	}
+	ps.metrics(t, map[string]float64{
+		"fenced_waiters": 0,
+		`fenced_answers_total{operation="acquire",outcome="client-gone"}`: 1,
+	})
 }

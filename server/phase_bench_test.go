@@ -56,7 +56,7 @@ import (
 // Each phase reports the median of its cycles (p50-µs) and that median over the library's
 // (x-library), the median time inside the service's handler (in-handler-p50-µs: the rest is
 // on the way), the process's CPU time (cpu-µs, all threads) and heap allocation (B) per
-// cycle; requests/cycle counts inproc's requests. FENCED_BENCH_PHASES (names, comma-separated)
+// cycle (B, and allocs: objects); requests/cycle counts inproc's requests. FENCED_BENCH_PHASES (names, comma-separated)
 // runs only some phases, for a profile or a trace. FENCED_BENCH_NONDURABLE=1 accepts a
 // database without durable commits (synchronous_commit=off in FENCED_TEST_POSTGRES's URL), to
 // take the commit's flush, which dominates on a busy disk, out of every phase alike:
@@ -112,17 +112,21 @@ func BenchmarkCyclePhases(b *testing.B) {
 	inHandler := make([][]time.Duration, len(phases)) // the handlers' time, per cycle
 	cpu := make([]time.Duration, len(phases))         // the process's CPU time, summed
 	allocs := make([]uint64, len(phases))             // bytes allocated, summed
+	objects := make([]uint64, len(phases))            // heap allocations, summed
 	inprocRequests.Store(0)
 	order := rand.New(rand.NewPCG(1, 2))
 	b.ResetTimer()
 	for range b.N {
 		for _, k := range order.Perm(len(phases)) {
-			before, cpuBefore, allocBefore := serverSide.Load(), processCPU(b), allocated()
+			before, cpuBefore := serverSide.Load(), processCPU(b)
+			allocBefore, objBefore := allocated()
 			start := time.Now()
 			phases[k].one()
 			took[k] = append(took[k], time.Since(start))
 			cpu[k] += processCPU(b) - cpuBefore
-			allocs[k] += allocated() - allocBefore
+			alloc, obj := allocated()
+			allocs[k] += alloc - allocBefore
+			objects[k] += obj - objBefore
 			inHandler[k] = append(inHandler[k], time.Duration(serverSide.Load()-before))
 		}
 	}
@@ -146,6 +150,7 @@ func BenchmarkCyclePhases(b *testing.B) {
 		}
 		b.ReportMetric(float64(cpu[k].Microseconds())/float64(b.N), p.name+"-cpu-µs")
 		b.ReportMetric(float64(allocs[k])/float64(b.N), p.name+"-B")
+		b.ReportMetric(float64(objects[k])/float64(b.N), p.name+"-allocs")
 	}
 	b.ReportMetric(float64(inprocRequests.Load())/float64(b.N), "requests/cycle")
 }
@@ -341,8 +346,8 @@ func processCPU(b *testing.B) time.Duration {
 }
 
 // allocated is the bytes the process has allocated on the heap so far.
-func allocated() uint64 {
-	s := []metrics.Sample{{Name: "/gc/heap/allocs:bytes"}}
+func allocated() (bytes, objects uint64) {
+	s := []metrics.Sample{{Name: "/gc/heap/allocs:bytes"}, {Name: "/gc/heap/allocs:objects"}}
 	metrics.Read(s)
-	return s[0].Value.Uint64()
+	return s[0].Value.Uint64(), s[1].Value.Uint64()
 }

@@ -187,7 +187,9 @@ func (s *Server) handle(pattern, op string, need Role, h http.HandlerFunc) {
 		// The closure holds strings, not r: a parked waiter keeps it until it answers, and r
 		// holds net/http's connection with its buffers.
 		name, path := r.PathValue("name"), ""
-		if s.log.Enabled(r.Context(), slog.LevelDebug) {
+		// Only with --log-requests: slog's arguments are allocated even when the level is off.
+		logged := s.log.Enabled(r.Context(), slog.LevelDebug)
+		if logged {
 			path = r.URL.EscapedPath()
 		}
 		w.finish = func() {
@@ -202,8 +204,10 @@ func (s *Server) handle(pattern, op string, need Role, h http.HandlerFunc) {
 			case w.gone:
 				outcome = "client-gone"
 			}
-			s.log.Debug("fenced serve: request", "request_id", w.Header().Get(headerRequestID), "operation", op,
-				"path", path, "status", w.status, "outcome", outcome, "duration", took)
+			if logged {
+				s.log.Debug("fenced serve: request", "request_id", w.Header().Get(headerRequestID), "operation", op,
+					"path", path, "status", w.status, "outcome", outcome, "duration", took)
+			}
 		}
 		defer func() {
 			if !w.parked { // else the parked waiter finishes when it answers

@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/fenced-dev/fenced/backend/remote"
 	"github.com/fenced-dev/fenced/driver"
 	"github.com/fenced-dev/fenced/driver/drivertest"
 )
@@ -19,6 +20,12 @@ import (
 // whole suite through a service, the lost reply included.
 func TestConformanceThroughServiceSyncTransport(t *testing.T) {
 	drivertest.Run(t, func(t *testing.T) drivertest.Target { return remoteTargetWith(t, sqliteBacking(t), true) })
+}
+
+// The same on PostgreSQL, the database the fenced command's --db http:// client (on
+// SyncTransport by default) most often reaches through a service.
+func TestConformanceThroughServicePostgresSyncTransport(t *testing.T) {
+	drivertest.Run(t, func(t *testing.T) drivertest.Target { return remoteTargetWith(t, postgresBacking(t), true) })
 }
 
 // leaseService answers every acquisition with a lease after calling before, and counts the
@@ -107,4 +114,20 @@ func TestSyncTransportServerClosedIdle(t *testing.T) {
 	if n := conns.Load(); n != 3 {
 		t.Errorf("the service accepted %d connections, want 3", n)
 	}
+}
+
+// The driver appends its paths to the service's URL as written, so it refuses a URL with a
+// query or a fragment instead of sending requests to paths inside them.
+func TestRemoteOpenRefusesQuery(t *testing.T) {
+	for _, u := range []string{"http://127.0.0.1:7070/?transport=sync", "http://127.0.0.1:7070?", "http://127.0.0.1:7070/p#f"} {
+		if d, err := remote.Open(u, nil); err == nil {
+			_ = d.Close()
+			t.Errorf("Open(%q) accepted it", u)
+		}
+	}
+	d, err := remote.Open("http://127.0.0.1:7070/prefix ü/", nil)
+	if err != nil {
+		t.Fatalf("a path prefix: %v", err)
+	}
+	_ = d.Close()
 }

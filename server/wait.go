@@ -102,6 +102,11 @@ func (s *Server) acquireWait(w http.ResponseWriter, r *http.Request, resource, o
 		}
 		res = <-done
 	}
+	// On the loop nothing told the request's context of a hang-up during the attempt; ask
+	// the connection, so that a grant nobody will read is released as on net/http.
+	if hungUp(w) {
+		cancel(errClientGone)
+	}
 	c.answer(w, r, res)
 	c.stopClient()
 	cancel(nil)

@@ -64,7 +64,8 @@ type Options struct {
 	// calling goroutine, over HTTP/1.1 connections kept between requests, instead of
 	// net/http's Transport and its reading and writing goroutines per connection: a cycle
 	// through the service then waits for fewer goroutine wake-ups (docs/SERVICE.md, Numbers).
-	// It reads no proxy settings and speaks no HTTP/2. Not with Client. Default false.
+	// It reads no proxy settings and speaks no HTTP/2. Not with Client. Default false (the
+	// fenced command's --db http:// client turns it on unless a proxy applies to the URL).
 	SyncTransport bool
 }
 
@@ -72,7 +73,12 @@ type Options struct {
 // goroutines.
 type Driver struct {
 	base   *url.URL
+	prefix string // base as written, without a trailing slash: each request's path follows it
 	client *http.Client
+	// sync is the driver's own SyncTransport, called without http.Client, whose redirect,
+	// cookie and timeout handling the driver does not use (a redirect is never followed);
+	// nil otherwise.
+	sync   *syncTransport
 	token  string
 	own    interface{ CloseIdleConnections() } // closed by Close; nil when the caller gave the client
 	maxPay atomic.Int64
@@ -109,17 +115,21 @@ func Open(rawURL string, opts *Options) (*Driver, error) {
 	if u.User != nil {
 		return nil, errors.New("fenced service URL: credentials in the URL are not sent; pass a bearer token instead")
 	}
+	if u.RawQuery != "" || u.Fragment != "" || u.ForceQuery {
+		// Paths are appended to the URL as it is written; a query would end up in their middle.
+		return nil, errors.New("fenced service URL: it takes no query or fragment, only a scheme, a host and an optional path prefix")
+	}
 	var o Options
 	if opts != nil {
 		o = *opts
 	}
-	d := &Driver{base: u, client: o.Client, token: o.BearerToken}
+	d := &Driver{base: u, prefix: strings.TrimSuffix(u.String(), "/"), client: o.Client, token: o.BearerToken}
 	if o.SyncTransport {
 		if d.client != nil {
 			return nil, errors.New("fenced service client: SyncTransport applies to the default client only, not to one given in Client")
 		}
 		st := newSyncTransport(o.TLS, u.Scheme == "https")
-		d.own = st
+		d.own, d.sync = st, st
 		d.client = &http.Client{Transport: st}
 	}
 	if d.client == nil {
@@ -221,7 +231,7 @@ func (d *Driver) do(ctx context.Context, op, method, path string, header http.He
 	if d.closed.Load() {
 		return nil, driver.NotApplied(fmt.Errorf("%s: %w", op, errClosed))
 	}
-	target := strings.TrimSuffix(d.base.String(), "/") + path
+	target := d.prefix + path
 	var sent atomic.Bool
 	ctx = httptrace.WithClientTrace(ctx, &httptrace.ClientTrace{
 		GotConn: func(httptrace.GotConnInfo) { sent.Store(true) },
@@ -240,7 +250,15 @@ func (d *Driver) do(ctx context.Context, op, method, path string, header http.He
 	if d.token != "" {
 		req.Header.Set("Authorization", "Bearer "+d.token)
 	}
-	resp, err := d.client.Do(req)
+	var resp *http.Response
+	if d.sync != nil {
+		if resp, err = d.sync.RoundTrip(req); err != nil {
+			// As http.Client reports it.
+			err = &url.Error{Op: method[:1] + strings.ToLower(method[1:]), URL: target, Err: err}
+		}
+	} else {
+		resp, err = d.client.Do(req)
+	}
 	if err != nil {
 		err = fmt.Errorf("%s: %w", op, err)
 		if !sent.Load() {
@@ -249,8 +267,10 @@ func (d *Driver) do(ctx context.Context, op, method, path string, header http.He
 		return nil, err
 	}
 	defer resp.Body.Close()
-	b, err := io.ReadAll(resp.Body)
-	if err != nil {
+	var b []byte
+	if rb, ok := resp.Body.(*readBody); ok {
+		b = rb.b
+	} else if b, err = io.ReadAll(resp.Body); err != nil {
 		return nil, fmt.Errorf("%s: reading the answer: %w", op, err)
 	}
 	r := &reply{status: resp.StatusCode, header: resp.Header, body: b}

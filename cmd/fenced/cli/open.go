@@ -2,6 +2,8 @@ package cli
 
 import (
 	"context"
+	"net/http"
+	neturl "net/url"
 	"os"
 	"strings"
 
@@ -54,9 +56,43 @@ func openDriver(ctx context.Context, url string) (driver.Driver, error) {
 		goredis.SetLogger(quietLogger{})
 		return redis.Open(url)
 	case "http", "https":
-		return remote.Open(url, &remote.Options{BearerToken: os.Getenv("FENCED_API_TOKEN")})
+		return openService(url)
 	default:
 		// Only the scheme is quoted: the rest of a URL may hold a password.
 		return nil, usagef("the database URL scheme %q is not supported; use %s", scheme, schemes)
 	}
+}
+
+// openService opens a client of a fenced service. Its transport is the remote driver's
+// SyncTransport (each request written and its answer read on the calling goroutine, HTTP/1.1)
+// unless a proxy from the environment applies to the URL, which only net/http's transport
+// follows, or the URL's query says transport=standard; transport=sync asks for it even past a
+// proxy (the connection then goes to the service directly).
+func openService(rawURL string) (driver.Driver, error) {
+	u, err := neturl.Parse(rawURL)
+	if err != nil {
+		return nil, usagef("invalid service URL: %v", err)
+	}
+	q := u.Query()
+	choice := q.Get("transport")
+	q.Del("transport")
+	if len(q) > 0 {
+		return nil, usagef("the service URL's query may hold only transport=sync or transport=standard")
+	}
+	direct := false
+	switch choice {
+	case "sync":
+		direct = true
+	case "standard":
+	case "":
+		proxy, err := http.ProxyFromEnvironment(&http.Request{URL: u})
+		if err != nil {
+			return nil, usagef("the proxy settings in the environment are invalid: %v", err)
+		}
+		direct = proxy == nil
+	default:
+		return nil, usagef("transport=%q in the service URL: use transport=sync or transport=standard", choice)
+	}
+	u.RawQuery, u.ForceQuery = "", false
+	return remote.Open(u.String(), &remote.Options{BearerToken: os.Getenv("FENCED_API_TOKEN"), SyncTransport: direct})
 }

@@ -58,7 +58,7 @@ The first line on stdout is {"listening": URL} once the service accepts connecti
 	cmd.Flags().StringVar(&f.cert, "tls-cert", "", "TLS certificate file (PEM), with --tls-key")
 	cmd.Flags().StringVar(&f.key, "tls-key", "", "TLS private key file (PEM), with --tls-cert")
 	cmd.Flags().BoolVar(&f.insecure, "insecure", false, "allow plain HTTP on an address beyond loopback")
-	cmd.Flags().BoolVar(&f.syncConnections, "sync-connections", false, "serve the connection of a client that asks for it (the Go remote driver's SyncTransport) on one goroutine: fewer hand-offs per request (docs/SERVICE.md)")
+	cmd.Flags().BoolVar(&f.syncConnections, "sync-connections", true, "serve the HTTP/1.1 connection of a client that asks for it (the Go remote driver's SyncTransport, which --db http:// uses) on one goroutine after its first request: fewer hand-offs per request; =false serves every request through net/http (docs/SERVICE.md)")
 	cmd.Flags().BoolVar(&f.logRequests, "log-requests", false, "log every request (request id, operation, status, outcome, duration) on stderr; failures are always logged")
 	return cmd
 }

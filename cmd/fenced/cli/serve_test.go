@@ -15,6 +15,7 @@ import (
 	"math/big"
 	"net"
 	"net/http"
+	"net/http/httptest"
 	"os"
 	"path/filepath"
 	"strings"
@@ -27,6 +28,7 @@ import (
 	"github.com/fenced-dev/fenced/backend/remote"
 	"github.com/fenced-dev/fenced/backend/sqlite"
 	"github.com/fenced-dev/fenced/cmd/fenced/cli"
+	"github.com/fenced-dev/fenced/server"
 )
 
 // service is a "fenced serve" running in this process.
@@ -294,17 +296,17 @@ func TestTortureThroughService(t *testing.T) {
 	checkTortured(t, out, "pause", "kill", "drop-reply")
 }
 
-// TestServeSyncConnections: with --sync-connections a client on the remote driver's
+// TestServeSyncConnections: by default (--sync-connections) a client on the remote driver's
 // SyncTransport has its connection served by the loop after its first request, so the
-// http.Server sees that connection become active once; without the flag it sees every request
-// (the control). The cycle runs after an epoch bump, on a name with a space and a non-ASCII
+// http.Server sees that connection become active once; with --sync-connections=false it sees
+// every request (the control). The cycle runs after an epoch bump, on a name with a space and a non-ASCII
 // letter and a payload with a NUL byte.
 func TestServeSyncConnections(t *testing.T) {
 	for _, tc := range []struct {
 		name     string
 		flags    []string
 		oneStart bool
-	}{{"with the flag", []string{"--sync-connections"}, true}, {"without it", nil, false}} {
+	}{{"by default", nil, true}, {"with the flag", []string{"--sync-connections"}, true}, {"turned off", []string{"--sync-connections=false"}, false}} {
 		t.Run(tc.name, func(t *testing.T) {
 			var active atomic.Int64
 			t.Cleanup(cli.SetServeHooks(func() { active.Add(1) }, func() {}))
@@ -339,6 +341,107 @@ func TestServeSyncConnections(t *testing.T) {
 			if n := active.Load(); (n == 1) != tc.oneStart {
 				t.Errorf("the http.Server saw a connection become active %d times", n)
 			}
+			// The service's own metrics count every request, on the loop too.
+			resp, err := http.Get(s.url + "/metrics")
+			if err != nil {
+				t.Fatal(err)
+			}
+			m, err := io.ReadAll(resp.Body)
+			_ = resp.Body.Close()
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, want := range []string{`fenced_answers_total{operation="acquire",outcome="ok"} 3`, `fenced_answers_total{operation="publish-and-release",outcome="ok"} 3`} {
+				if !strings.Contains(string(m), want+"\n") {
+					t.Errorf("/metrics lacks %q", want)
+				}
+			}
 		})
+	}
+}
+
+// TestServiceClientTransport: the --db http:// client uses the remote driver's SyncTransport
+// (its first request on a connection asks for the service's loop) unless the URL says
+// transport=standard, or a proxy from the environment applies to the URL: then it goes
+// through the proxy on net/http's transport. transport=sync bypasses the proxy.
+func TestServiceClientTransport(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	d, err := sqlite.Open(filepath.Join(dir, "s.db"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	store, err := fenced.New(context.Background(), d, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = store.Close() })
+	srv, err := server.New(store, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var mu sync.Mutex
+	var seen []string // each request's Host and Fenced-Connection header
+	h := srv.Handler()
+	ts := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		mu.Lock()
+		seen = append(seen, r.Host+" "+r.Header.Get(server.HeaderSyncConnection))
+		mu.Unlock()
+		h.ServeHTTP(w, r)
+	}))
+	t.Cleanup(ts.Close)
+	took := func() []string {
+		mu.Lock()
+		defer mu.Unlock()
+		s := seen
+		seen = nil
+		return s
+	}
+	direct := strings.TrimPrefix(ts.URL, "http://") + " "
+	// A proxy that applies: the test's server plays it, and answers as the service.
+	const far = "http://fenced-service.invalid:7070"
+	proxied := []string{"HTTP_PROXY=" + ts.URL, "http_proxy=" + ts.URL, "NO_PROXY=", "no_proxy="}
+	run := func(db string, env []string, args ...string) result {
+		t.Helper()
+		return runEnv(t, target{t: t, url: db, dir: dir}, env, args...)
+	}
+	for _, tc := range []struct {
+		name, db string
+		env      []string
+		first    string // what the service saw of the first request
+	}{
+		{"default", ts.URL, nil, direct + "sync"},
+		{"transport=standard", ts.URL + "/?transport=standard", nil, direct},
+		{"a proxy applies", far, proxied, "fenced-service.invalid:7070 "},
+		{"a proxy that does not apply", ts.URL, proxied, direct + "sync"}, // loopback is never proxied
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			if r := run(tc.db, tc.env, "epoch", "bump"); r.code != 0 {
+				t.Fatalf("epoch bump: exit %d, %s", r.code, r.stderr)
+			}
+			if r := run(tc.db, tc.env, "provision", "r ü"); r.code != 0 {
+				t.Fatalf("provision: exit %d, %s", r.code, r.stderr)
+			}
+			if got := took(); len(got) == 0 || got[0] != tc.first {
+				t.Fatalf("the service saw %q, want first %q", got, tc.first)
+			}
+		})
+	}
+	// transport=sync past a proxy dials the service itself, here a name that does not resolve.
+	if r := run(far+"?transport=sync", proxied, "show", "r ü"); r.code != cli.ExitOperational {
+		t.Errorf("transport=sync past a proxy: exit %d (%s), want %d", r.code, r.stderr, cli.ExitOperational)
+	}
+	if got := took(); len(got) != 0 {
+		t.Errorf("transport=sync went through the proxy: %q", got)
+	}
+	for _, q := range []string{"?transport=h2", "?transport=sync&x=1", "?x=1"} {
+		r := run(ts.URL+q, nil, "show", "r ü")
+		if r.code != cli.ExitUsage || len(r.stdout) != 0 {
+			t.Errorf("--db %s: exit %d, stdout %q; want %d and nothing", q, r.code, r.stdout, cli.ExitUsage)
+		}
+		checkSentence(t, r.stderr)
+	}
+	if got := took(); len(got) != 0 {
+		t.Errorf("a refused URL sent requests: %q", got)
 	}
 }
