@@ -80,6 +80,7 @@ import (
 	"math"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
@@ -156,7 +157,8 @@ type Driver struct {
 	// skipRevoke, set only by tests, simulates an etcd lease revocation whose request was
 	// lost, leaving a detached etcd lease alive.
 	skipRevoke bool
-	noReuse    bool // Options.DisableLeaseReuse
+	noReuse    bool        // Options.DisableLeaseReuse
+	layoutOK   atomic.Bool // the store's schema key holds this driver's layout (checkLayout)
 
 	ahead ahead // leases granted ahead, cached snapshots, background revocations (ahead.go)
 }
@@ -260,22 +262,30 @@ func (d *Driver) Migrate(ctx context.Context) error {
 		[]clientv3.Cmp{clientv3.Compare(clientv3.CreateRevision(d.schemaKey()), "=", 0)},
 		[]clientv3.Op{clientv3.OpPut(d.schemaKey(), strconv.Itoa(schemaVersion))},
 		[]clientv3.Op{clientv3.OpGet(d.schemaKey())})
-	if err != nil || resp.Succeeded {
+	if err != nil {
 		return err
 	}
-	v, err := strconv.Atoi(string(kv(resp, 0).value))
-	if err != nil || v > schemaVersion {
-		return fmt.Errorf("check schema: %s holds %q; this driver knows version %d", d.schemaKey(), kv(resp, 0).value, schemaVersion)
+	if !resp.Succeeded {
+		v, err := strconv.Atoi(string(kv(resp, 0).value))
+		if err != nil || v > schemaVersion {
+			return fmt.Errorf("check schema: %s holds %q; this driver knows version %d", d.schemaKey(), kv(resp, 0).value, schemaVersion)
+		}
+		if v == 2 {
+			if err := d.fold(ctx); err != nil {
+				return err
+			}
+		}
 	}
-	if v == 2 {
-		return d.fold(ctx)
-	}
+	d.layoutOK.Store(true)
 	return nil
 }
 
 // Provision creates the gen, pub and source keys at generation 0 if the gen key does not
 // exist; the Txn never touches an existing resource.
 func (d *Driver) Provision(ctx context.Context, resource string) error {
+	if err := d.checkLayout(ctx); err != nil {
+		return err
+	}
 	k := d.keys(resource)
 	_, err := d.txn(ctx, "provision",
 		[]clientv3.Cmp{clientv3.Compare(clientv3.CreateRevision(k.gen), "=", 0)},
@@ -340,6 +350,9 @@ func busy(row heldValue) error {
 // moment at which the lease was held.
 func (d *Driver) Acquire(ctx context.Context, resource, owner string, ttl time.Duration) (driver.Grant, error) {
 	if err := checkOwner(owner); err != nil {
+		return driver.Grant{}, err
+	}
+	if err := d.checkLayout(ctx); err != nil {
 		return driver.Grant{}, err
 	}
 	k := d.keys(resource)
@@ -518,6 +531,9 @@ func (d *Driver) Renew(ctx context.Context, l driver.LeaseRef, ttl time.Duration
 	if err := checkOwner(l.Owner); err != nil {
 		return time.Time{}, false, err
 	}
+	if err := d.checkLayout(ctx); err != nil {
+		return time.Time{}, false, err
+	}
 	k := d.keys(l.Resource)
 	sent := time.Now()
 	lease, err := d.cli.Grant(ctx, ttlSeconds(ttl))
@@ -561,6 +577,9 @@ func (d *Driver) publishTxn(ctx context.Context, l driver.LeaseRef, pub driver.P
 			len(pub.Payload), ErrPayloadTooLarge, d.maxPayload))
 	}
 	if err := checkOwner(l.Owner); err != nil {
+		return nil, 0, err
+	}
+	if err := d.checkLayout(ctx); err != nil {
 		return nil, 0, err
 	}
 	k := d.keys(l.Resource)
@@ -625,6 +644,9 @@ func (d *Driver) Release(ctx context.Context, l driver.LeaseRef) (bool, error) {
 	if err := checkOwner(l.Owner); err != nil {
 		return false, err
 	}
+	if err := d.checkLayout(ctx); err != nil {
+		return false, err
+	}
 	k := d.keys(l.Resource)
 	resp, err := d.txn(ctx, "release", d.holds(k, l, false), releaseOps(k, l), nil)
 	if err != nil || !resp.Succeeded {
@@ -665,6 +687,9 @@ func (d *Driver) revoke(ctx context.Context, id clientv3.LeaseID) {
 // estimate, or the etcd lease was revoked early) Now is moved just past or just before
 // LeaseUntil so that Held() tells what etcd decided.
 func (d *Driver) Read(ctx context.Context, resource string) (driver.State, error) {
+	if err := d.checkLayout(ctx); err != nil {
+		return driver.State{}, err
+	}
 	k := d.keys(resource)
 	resp, err := d.txn(ctx, "read", nil,
 		append(d.readLeaseOps(k), clientv3.OpGet(k.pub), clientv3.OpGet(k.source)), nil)

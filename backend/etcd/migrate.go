@@ -2,11 +2,14 @@ package etcd
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"strings"
 	"time"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
+
+	"github.com/fenced-dev/fenced/driver"
 )
 
 // foldAttempts bounds the retries of one resource's fold against concurrent writes (of a
@@ -98,4 +101,36 @@ func (d *Driver) foldResource(ctx context.Context, base string) error {
 		}
 	}
 	return fmt.Errorf("%s: changed %d times while folding; stop the clients running an older fenced", gen, foldAttempts)
+}
+
+// ErrNotMigrated is returned, not applied, by every operation of a driver opened on a store
+// that an older fenced wrote (key layout version 2) and that has not been migrated since
+// (fenced.Config.SkipMigrate, or a driver used directly): run `fenced migrate` (Migrate) first.
+var ErrNotMigrated = errors.New("the store is in an older key layout; stop the clients running an older fenced and run `fenced migrate`")
+
+// checkLayout refuses, before anything is sent, to work on a store whose recorded layout is not
+// this driver's: in a version 2 store the holder lives in keys of its own, so this driver's
+// compares would read a held lease as free or released, and its writes would leave folded gen
+// keys beside a version 2 driver's holder keys. The check reads the schema key once per driver
+// and is remembered once it found this layout (or Migrate recorded it): a layout only ever
+// moves forward. A store without a schema key is left to the operations themselves, which
+// refuse it for its missing epoch key.
+func (d *Driver) checkLayout(ctx context.Context) error {
+	if d.layoutOK.Load() {
+		return nil
+	}
+	resp, err := d.txn(ctx, "read schema version", nil, []clientv3.Op{clientv3.OpGet(d.schemaKey())}, nil)
+	if err != nil {
+		return driver.NotApplied(err)
+	}
+	v := kv(resp, 0)
+	switch {
+	case v == nil:
+		return nil
+	case string(v.value) != fmt.Sprint(schemaVersion):
+		return driver.NotApplied(fmt.Errorf("%s holds layout version %q, this driver writes %d: %w",
+			d.schemaKey(), v.value, schemaVersion, ErrNotMigrated))
+	}
+	d.layoutOK.Store(true)
+	return nil
 }

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"errors"
 	"fmt"
+	"strings"
 	"testing"
 	"time"
 
@@ -35,24 +36,7 @@ func TestMigrateFoldsVersion2(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _, _ = d.cli.Revoke(ctx, lease.ID) })
-	put := func(key, value string, opts ...clientv3.OpOption) {
-		t.Helper()
-		if _, err := d.cli.Put(ctx, key, value, opts...); err != nil {
-			t.Fatal(err)
-		}
-	}
-	put(d.epochKey(), encodeGen(epoch))
-	put(d.schemaKey(), "2")
-	for r, g := range map[string]int64{held: 5, expired: 7, released: 2} {
-		k := d.keys(r)
-		put(k.gen, encodeToken(epoch, g))
-		put(k.pub, encodeGen(0))
-		put(k.source, encodeGen(0))
-		if r != released {
-			put(d.prefix+r+"/holder", owner)
-			put(d.prefix+r+"/until", encodeTime(until))
-		}
-	}
+	put := version2Store(t, d, epoch, map[string]int64{held: 5, expired: 7, released: 2}, map[string]string{held: owner, expired: owner}, until)
 	put(d.keys(held).owner, owner, clientv3.WithLease(lease.ID))
 	for i := range 20 { // more keys than one page of the fold's listing (pruneBatch)
 		r := fmt.Sprintf("page %d ресурс", i)
@@ -162,5 +146,116 @@ func TestHolderComparePinsTheWholeOwner(t *testing.T) {
 	}
 	if ok, err := d.Release(ctx, l); ok || err != nil {
 		t.Fatalf("second release: %v, %v", ok, err)
+	}
+}
+
+// version2Store writes a store in version 2's layout by hand: the epoch, schema "2", and for
+// each resource its bare token at the generation given, pub and source, and the holder and
+// until keys where holders names one. It returns its put for the test's own keys.
+func version2Store(t *testing.T, d *Driver, epoch int64, gens map[string]int64, holders map[string]string, until time.Time) func(key, value string, opts ...clientv3.OpOption) {
+	t.Helper()
+	ctx := testCtx(t)
+	put := func(key, value string, opts ...clientv3.OpOption) {
+		t.Helper()
+		if _, err := d.cli.Put(ctx, key, value, opts...); err != nil {
+			t.Fatal(err)
+		}
+	}
+	put(d.epochKey(), encodeGen(epoch))
+	put(d.schemaKey(), "2")
+	for r, g := range gens {
+		k := d.keys(r)
+		put(k.gen, encodeToken(epoch, g))
+		put(k.pub, encodeGen(0))
+		put(k.source, encodeGen(0))
+		if h, ok := holders[r]; ok {
+			put(d.prefix+r+"/holder", h)
+			put(d.prefix+r+"/until", encodeTime(until))
+		}
+	}
+	return put
+}
+
+// TestUnmigratedVersion2FailsClosed: a driver of this layout opened on a version 2 store that
+// was never migrated (fenced.Config.SkipMigrate) refuses every operation before sending it,
+// not applied, with an error naming fenced migrate, and writes nothing: without the check
+// it would take the lease that a version 2 holder's expired etcd lease left (its holder key
+// still there), read a held lease as having no owner, and leave a folded gen key beside
+// version 2 holder keys. After Migrate the same driver works, and the held lease is its
+// owner's.
+func TestUnmigratedVersion2FailsClosed(t *testing.T) {
+	t.Parallel()
+	ctx := testCtx(t)
+	d := New(newClient(t, cluster.endpoints()), &Options{Prefix: newPrefix()})
+	t.Cleanup(func() { _ = d.Close() })
+	const epoch = 1_764_000_000_654_321
+	const (
+		held    = "held ресурс\x00 v2"
+		expired = "expired ресурс v2"
+		free    = "free ресурс v2"
+		owner   = "owner ä v2"
+	)
+	lease, err := d.cli.Grant(ctx, 60)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _, _ = d.cli.Revoke(ctx, lease.ID) })
+	put := version2Store(t, d, epoch, map[string]int64{held: 5, expired: 7, free: 2},
+		map[string]string{held: owner, expired: owner}, time.Unix(0, 1_764_000_100_000_000_321))
+	put(d.keys(held).owner, owner, clientv3.WithLease(lease.ID))
+	before, err := d.cli.Get(ctx, d.prefix, clientv3.WithPrefix())
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	refused := func(what string, err error) {
+		t.Helper()
+		if !errors.Is(err, ErrNotMigrated) || !errors.Is(err, driver.ErrNotApplied) || !strings.Contains(err.Error(), "fenced migrate") {
+			t.Errorf("%s on an unmigrated version 2 store: %v, want not applied and ErrNotMigrated", what, err)
+		}
+	}
+	ref := driver.LeaseRef{Resource: held, Owner: owner, Epoch: epoch, Generation: 5}
+	for _, r := range []string{expired, free, held} {
+		_, err := d.Acquire(ctx, r, "new owner ö", time.Minute)
+		refused("acquire "+r, err)
+	}
+	_, err = d.Read(ctx, held)
+	refused("read", err)
+	_, err = d.Publish(ctx, ref, driver.Publication{Payload: []byte("stale\x00"), OpID: "v2-pub"})
+	refused("publish", err)
+	_, err = d.PublishAndRelease(ctx, ref, driver.Publication{Payload: []byte("stale\x00"), OpID: "v2-pub"})
+	refused("publish and release", err)
+	_, _, err = d.Renew(ctx, ref, time.Minute)
+	refused("renew", err)
+	_, err = d.Release(ctx, ref)
+	refused("release", err)
+	refused("provision", d.Provision(ctx, "another ресурс"))
+	after, err := d.cli.Get(ctx, d.prefix, clientv3.WithPrefix())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(after.Kvs) != len(before.Kvs) {
+		t.Fatalf("the refused operations wrote: %d keys, then %d", len(before.Kvs), len(after.Kvs))
+	}
+	for i, kv := range after.Kvs {
+		if kv.ModRevision != before.Kvs[i].ModRevision {
+			t.Errorf("a refused operation wrote %q", kv.Key)
+		}
+	}
+
+	if err := d.Migrate(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if st, err := d.Read(ctx, held); err != nil || st.Owner != owner || !st.Held() || st.Generation != 5 {
+		t.Fatalf("held lease after Migrate: %+v, %v", st, err)
+	}
+	if _, err := d.Acquire(ctx, held, "new owner ö", time.Minute); !errors.As(err, new(*driver.BusyError)) {
+		t.Fatalf("acquire of the held lease after Migrate: %v, want busy", err)
+	}
+	if g, err := d.Acquire(ctx, expired, "new owner ö", time.Minute); err != nil || g.Generation != 8 || g.Epoch != epoch {
+		t.Fatalf("acquire of the expired lease after Migrate: %+v, %v", g, err)
+	}
+	if ok, err := d.Release(ctx, ref); !ok || err != nil {
+		t.Fatalf("release by the version 2 holder after Migrate: %v, %v", ok, err)
 	}
 }
