@@ -104,7 +104,8 @@ type ahead struct {
 	pending map[int64]int                   // grants in flight, by the same key
 	inUse   map[clientv3.LeaseID]aheadLease // taken from the pool by an acquisition
 	snaps   map[string]leaseSnapshot
-	reuse   reusePool // released leases kept alive for the next acquisitions (reuse.go)
+	held    map[string]heldEntry // gen values this driver wrote for leases it holds (holderTxn)
+	reuse   reusePool            // released leases kept alive for the next acquisitions (reuse.go)
 	bg      sync.WaitGroup
 	// The tender (tend) keeps windows open: demand by key, the TTL last asked for, the last
 	// acquisition that took or missed a lease, and whether it runs.

@@ -159,6 +159,9 @@ type Driver struct {
 	skipRevoke bool
 	noReuse    bool        // Options.DisableLeaseReuse
 	layoutOK   atomic.Bool // the store's schema key holds this driver's layout (checkLayout)
+	// exactOnly, set only by tests, is the mutation that never sends a lease-carrying Txn again
+	// with holderIs's compares after its exact compare of gen was refused (holderTxn).
+	exactOnly bool
 
 	ahead ahead // leases granted ahead, cached snapshots, background revocations (ahead.go)
 }
@@ -419,10 +422,11 @@ func (d *Driver) Acquire(ctx context.Context, resource, owner string, ttl time.D
 		if hook := d.ahead.reuse.beforeTxn; hook != nil {
 			hook(lease.id)
 		}
+		value := encodeHeld(epoch, gen+1, owner, until)
 		resp, err := d.txn(ctx, "acquire",
 			[]clientv3.Cmp{clientv3.Compare(clientv3.ModRevision(k.gen), "=", snap.gen.modRevision),
 				clientv3.Compare(clientv3.Value(d.epochKey()), "=", encodeGen(epoch)), free},
-			[]clientv3.Op{clientv3.OpPut(k.gen, encodeHeld(epoch, gen+1, owner, until)),
+			[]clientv3.Op{clientv3.OpPut(k.gen, value),
 				clientv3.OpPut(k.owner, owner, clientv3.WithLease(lease.id))},
 			reread)
 		if err != nil && leaseGone(err) && !d.ahead.reuse.goneIsError {
@@ -451,6 +455,7 @@ func (d *Driver) Acquire(ctx context.Context, resource, owner string, ttl time.D
 		if resp.Succeeded {
 			keep, granted = true, true
 			d.remember(resource, epoch, gen+1, resp.Header.Revision)
+			d.wroteHeld(driver.LeaseRef{Resource: resource, Owner: owner, Epoch: epoch, Generation: gen + 1}, value)
 			return driver.Grant{Epoch: epoch, Generation: gen + 1, LeaseUntil: until.UTC()}, nil
 		}
 		// Lost a race: read the snapshot again. The first attempt carries no reads in its
@@ -488,12 +493,77 @@ func (d *Driver) Acquire(ctx context.Context, resource, owner string, ttl time.D
 // token and owner (holderIs) and the store's epoch is still the lease's, so a bump fences every
 // earlier lease without touching its keys; with unexpired, the owner key (alive only while its
 // etcd lease is) is the lease's owner too. A released lease fails: its gen is the bare token.
-func (d *Driver) holds(k keys, l driver.LeaseRef, unexpired bool) []clientv3.Cmp {
-	cmps := append(holderIs(k, l), clientv3.Compare(clientv3.Value(d.epochKey()), "=", encodeGen(l.Epoch)))
+//
+// exact, when not empty, is the whole gen value this driver wrote for the lease (heldValueOf):
+// one compare of gen with it then replaces holderIs's two. It pins the owner at least as
+// tightly, since a value equal to token+owner+NUL+until is inside holderIs's range.
+func (d *Driver) holds(k keys, l driver.LeaseRef, unexpired bool, exact string) []clientv3.Cmp {
+	cmps := make([]clientv3.Cmp, 0, 6)
+	if exact != "" {
+		cmps = append(cmps, clientv3.Compare(clientv3.Value(k.gen), "=", exact))
+	} else {
+		cmps = append(cmps, holderIs(k, l)...)
+	}
+	cmps = append(cmps, clientv3.Compare(clientv3.Value(d.epochKey()), "=", encodeGen(l.Epoch)))
 	if unexpired {
 		cmps = append(cmps, clientv3.Compare(clientv3.Value(k.owner), "=", l.Owner))
 	}
 	return cmps
+}
+
+// holderTxn sends a lease-carrying Txn whose If is holds(...) followed by more. When this
+// driver wrote the gen value of the lease (its acquisition or renewal did), it first sends the
+// Txn with the one exact compare of gen; if etcd refuses that, the value may have changed
+// under the same holder (a renewal by another driver, or one whose outcome was unknown
+// here), so the Txn is sent again with holderIs's two compares, and etcd's answer to that
+// one stands. A refusal on the first Txn is certain (nothing was applied), so sending again
+// is safe; it costs a refused operation a second round trip.
+func (d *Driver) holderTxn(ctx context.Context, what string, k keys, l driver.LeaseRef, unexpired bool, more []clientv3.Cmp, then []clientv3.Op) (*clientv3.TxnResponse, error) {
+	if exact, ok := d.heldValueOf(l); ok {
+		resp, err := d.txn(ctx, what, append(d.holds(k, l, unexpired, exact), more...), then, nil)
+		if err != nil || resp.Succeeded || d.exactOnly {
+			return resp, err
+		}
+	}
+	return d.txn(ctx, what, append(d.holds(k, l, unexpired, ""), more...), then, nil)
+}
+
+// heldEntry is the gen value this driver wrote for a lease it acquired or renewed.
+type heldEntry struct {
+	epoch, gen int64
+	owner      string
+	value      string
+}
+
+// wroteHeld records the gen value that this driver's acquisition or renewal of the lease wrote.
+func (d *Driver) wroteHeld(l driver.LeaseRef, value string) {
+	a := &d.ahead
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if a.held == nil || len(a.held) >= maxSnapshot {
+		a.held = map[string]heldEntry{}
+	}
+	a.held[l.Resource] = heldEntry{epoch: l.Epoch, gen: l.Generation, owner: l.Owner, value: value}
+}
+
+// heldValueOf returns the gen value recorded for the lease, if this driver wrote it.
+func (d *Driver) heldValueOf(l driver.LeaseRef) (string, bool) {
+	a := &d.ahead
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	e, ok := a.held[l.Resource]
+	if !ok || e.epoch != l.Epoch || e.gen != l.Generation || e.owner != l.Owner {
+		return "", false
+	}
+	return e.value, true
+}
+
+// forgetHeld drops the recorded gen value of the resource: released, or no longer known.
+func (d *Driver) forgetHeld(resource string) {
+	a := &d.ahead
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	delete(a.held, resource)
 }
 
 // holderIs compares the gen key with the lease's token and owner: its value is
@@ -541,11 +611,13 @@ func (d *Driver) Renew(ctx context.Context, l driver.LeaseRef, ttl time.Duration
 		return time.Time{}, false, driver.NotApplied(fmt.Errorf("grant etcd lease: %w", err))
 	}
 	until := sent.Add(time.Duration(lease.TTL) * time.Second)
-	resp, err := d.txn(ctx, "renew", d.holds(k, l, true),
+	value := encodeHeld(l.Epoch, l.Generation, l.Owner, until)
+	resp, err := d.holderTxn(ctx, "renew", k, l, true, nil,
 		[]clientv3.Op{clientv3.OpGet(k.owner),
 			clientv3.OpPut(k.owner, l.Owner, clientv3.WithLease(lease.ID)),
-			clientv3.OpPut(k.gen, encodeHeld(l.Epoch, l.Generation, l.Owner, until))}, nil)
+			clientv3.OpPut(k.gen, value)})
 	if err != nil {
+		d.forgetHeld(l.Resource) // gen may hold either value
 		// Unless the Txn certainly did not happen, the owner key may already sit on the new
 		// etcd lease, so it is left alone (revoking it would end a lease its holder may still
 		// be using); whichever of the two etcd leases no key uses expires on its own.
@@ -558,6 +630,7 @@ func (d *Driver) Renew(ctx context.Context, l driver.LeaseRef, ttl time.Duration
 		d.revoke(ctx, lease.ID)
 		return time.Time{}, false, nil
 	}
+	d.wroteHeld(l, value)
 	if old := kv(resp, 0); old != nil && old.lease != 0 {
 		d.forgetOwned(clientv3.LeaseID(old.lease))
 		d.revoke(ctx, clientv3.LeaseID(old.lease))
@@ -584,9 +657,8 @@ func (d *Driver) publishTxn(ctx context.Context, l driver.LeaseRef, pub driver.P
 	}
 	k := d.keys(l.Resource)
 	now := time.Now()
-	cmps := append(d.holds(k, l, true),
-		clientv3.Compare(clientv3.Value(k.pub), "<", encodeGen(l.Generation)),
-		clientv3.Compare(clientv3.CreateRevision(d.opKey(pub.OpID)), "=", 0))
+	cmps := []clientv3.Cmp{clientv3.Compare(clientv3.Value(k.pub), "<", encodeGen(l.Generation)),
+		clientv3.Compare(clientv3.CreateRevision(d.opKey(pub.OpID)), "=", 0)}
 	then := []clientv3.Op{
 		clientv3.OpPut(k.pub, encodePub(l.Generation, l.Epoch, now, len(pub.Payload))),
 		clientv3.OpPut(k.payload, string(pub.Payload)),
@@ -605,7 +677,7 @@ func (d *Driver) publishTxn(ctx context.Context, l driver.LeaseRef, pub driver.P
 	if release {
 		then = append(then, releaseOps(k, l)...)
 	}
-	resp, err := d.txn(ctx, "publish", cmps, then, nil)
+	resp, err := d.holderTxn(ctx, "publish", k, l, true, cmps, then)
 	return resp, ownerAt, err
 }
 
@@ -627,6 +699,7 @@ func (d *Driver) Publish(ctx context.Context, l driver.LeaseRef, pub driver.Publ
 
 func (d *Driver) PublishAndRelease(ctx context.Context, l driver.LeaseRef, pub driver.Publication) (bool, error) {
 	resp, ownerAt, err := d.publishTxn(ctx, l, pub, true)
+	d.forgetHeld(l.Resource)
 	if err != nil || !resp.Succeeded {
 		d.releaseUnconfirmed(l.Resource, l.Owner)
 		return false, err
@@ -648,7 +721,8 @@ func (d *Driver) Release(ctx context.Context, l driver.LeaseRef) (bool, error) {
 		return false, err
 	}
 	k := d.keys(l.Resource)
-	resp, err := d.txn(ctx, "release", d.holds(k, l, false), releaseOps(k, l), nil)
+	resp, err := d.holderTxn(ctx, "release", k, l, false, nil, releaseOps(k, l))
+	d.forgetHeld(l.Resource)
 	if err != nil || !resp.Succeeded {
 		d.releaseUnconfirmed(l.Resource, l.Owner)
 		return false, err

@@ -259,3 +259,46 @@ func TestUnmigratedVersion2FailsClosed(t *testing.T) {
 		t.Fatalf("release by the version 2 holder after Migrate: %v, %v", ok, err)
 	}
 }
+
+// TestExactHolderCompareFallsBack: a driver releases, publishes and renews the leases it
+// acquired with one exact compare of gen, and when the value changed under the same holder
+// (another driver renewed the lease, writing a new expiry into gen) it sends the Txn again
+// with holderIs's compares instead of refusing a current holder. The mutation exactOnly, which
+// trusts the exact compare's refusal, must fail here; TestHolderComparePinsTheWholeOwner holds
+// the fallback to refusing every other owner.
+func TestExactHolderCompareFallsBack(t *testing.T) {
+	t.Parallel()
+	for _, mutant := range []bool{false, true} {
+		const resource = "exact ресурс\x00"
+		prefix := newPrefix()
+		d := New(newClient(t, cluster.endpoints()), &Options{Prefix: prefix})
+		t.Cleanup(func() { _ = d.Close() })
+		other := New(newClient(t, cluster.endpoints()), &Options{Prefix: prefix})
+		t.Cleanup(func() { _ = other.Close() })
+		d.exactOnly = mutant
+		prepare(t, d, resource)
+		ctx := testCtx(t)
+		g, err := d.Acquire(ctx, resource, "owner ö", time.Minute)
+		if err != nil {
+			t.Fatal(err)
+		}
+		l := driver.LeaseRef{Resource: resource, Owner: "owner ö", Epoch: g.Epoch, Generation: g.Generation}
+		if _, ok := d.heldValueOf(l); !ok {
+			t.Fatal("the acquisition recorded no gen value")
+		}
+		if _, ok, err := other.Renew(ctx, l, 2*time.Minute); !ok || err != nil {
+			t.Fatalf("renew by another driver: %v, %v", ok, err)
+		}
+		ok, err := d.Publish(ctx, l, driver.Publication{Payload: []byte("p\x00"), OpID: "exact-" + prefix})
+		if err != nil {
+			t.Fatal(err)
+		}
+		ok2, err := d.Release(ctx, l)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if caught := !ok || !ok2; caught != mutant {
+			t.Errorf("exactOnly %v: publish %v, release %v after another driver's renewal", mutant, ok, ok2)
+		}
+	}
+}

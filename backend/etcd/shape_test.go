@@ -14,8 +14,8 @@ import (
 )
 
 // TestPairReadsNothingThroughRaft: the conditional Txns of an acquisition and a release carry
-// no Get, in either branch, and write 3 keys and delete 1 between them (gen and owner; owner
-// deleted, gen back to the bare token). A Txn that writes goes through Raft and the WAL whole, reads
+// no Get, in either branch, write 3 keys and delete 1 between them (gen and owner; owner
+// deleted, gen back to the bare token), and compare 5 (etcd reads each compared key). A Txn that writes goes through Raft and the WAL whole, reads
 // included, also the reads of a branch etcd does not take; the only read a pair needs, the
 // released owner key's etcd lease, comes from its delete (WithPrevKV).
 func TestPairReadsNothingThroughRaft(t *testing.T) {
@@ -76,6 +76,11 @@ func TestPairReadsNothingThroughRaft(t *testing.T) {
 		}
 		if puts != 3 || deletes != 1 {
 			t.Errorf("pair %d writes %d keys and deletes %d, want 3 and 1", pair, puts, deletes)
+		}
+		// The acquisition pins gen's revision, the epoch and the owner key's absence; the
+		// release compares gen with the value the acquisition wrote, and the epoch.
+		if acq, rel := len(txns[2*pair].Compare), len(txns[2*pair+1].Compare); acq != 3 || rel != 2 {
+			t.Errorf("pair %d compares %d and %d keys, want 3 and 2", pair, acq, rel)
 		}
 	}
 }
