@@ -5,6 +5,7 @@ import (
 	"flag"
 	"fmt"
 	"os"
+	"runtime"
 	"slices"
 	"strings"
 	"sync"
@@ -16,7 +17,10 @@ import (
 	"google.golang.org/grpc"
 )
 
-var etcdCounts = flag.Bool("etcd-counts", false, "instead of the workloads, run 16 clients on 16 resources for -d on each etcd system and print, per acquire+release pair, the etcd requests it sent by kind (client side) and what the embedded member did: Raft proposals, WAL fsyncs and bytes, MVCC puts, deletes and ranges, lease grants, revocations and renewals")
+var (
+	etcdCounts   = flag.Bool("etcd-counts", false, "instead of the workloads, run 16 clients on 16 resources for -d on each etcd system and print, per acquire+release pair, the etcd requests it sent by kind (client side) and what the embedded member did: Raft proposals, WAL fsyncs and bytes, MVCC puts, deletes and ranges, lease grants, revocations and renewals")
+	countClients = flag.Int("counts-clients", 16, "clients (each on its own resource) for -etcd-counts; with FENCED_BENCH_ETCD set the member runs in another process, and the CPU time and allocations counted are the clients' alone")
+)
 
 // rpcCounter counts the client's gRPC calls by method, the streams it opens and the
 // messages it sends on them.
@@ -126,6 +130,8 @@ func countEtcd(ctx context.Context, systems []system) error {
 		rpc   map[string]int64
 		srv   map[string]float64
 		cpu   time.Duration // the process's: the clients, the driver and the embedded member
+		// mallocs are the process's heap allocations, like cpu
+		mallocs uint64
 	}
 	var cols []column
 	for _, s := range systems {
@@ -133,18 +139,18 @@ func countEtcd(ctx context.Context, systems []system) error {
 			continue
 		}
 		fmt.Fprintf(os.Stderr, "counting: %s\n", s.name)
-		if _, _, err := loop(ctx, s, 16, nil); err != nil { // warm: provisioned, pools filled
+		if _, _, err := loop(ctx, s, *countClients, nil); err != nil { // warm: provisioned, pools filled
 			return err
 		}
 		time.Sleep(3 * time.Second)
-		rpc0, srv0, cpu0 := rpcs.snapshot(), must(gatherServer()), cpuTime()
-		_, n, err := loop(ctx, s, 16, nil)
+		rpc0, srv0, cpu0, mallocs0 := rpcs.snapshot(), must(gatherServer()), cpuTime(), mallocs()
+		_, n, err := loop(ctx, s, *countClients, nil)
 		if err != nil {
 			return err
 		}
 		time.Sleep(3 * time.Second) // the tender's last keepalives and grants are this system's
-		rpc1, srv1, cpu1 := rpcs.snapshot(), must(gatherServer()), cpuTime()
-		c := column{name: s.name, pairs: n, rpc: map[string]int64{}, srv: map[string]float64{}, cpu: cpu1 - cpu0}
+		rpc1, srv1, cpu1, mallocs1 := rpcs.snapshot(), must(gatherServer()), cpuTime(), mallocs()
+		c := column{name: s.name, pairs: n, rpc: map[string]int64{}, srv: map[string]float64{}, cpu: cpu1 - cpu0, mallocs: mallocs1 - mallocs0}
 		for k, v := range rpc1 {
 			c.rpc[k] = v - rpc0[k]
 		}
@@ -166,7 +172,7 @@ func countEtcd(ctx context.Context, systems []system) error {
 		sorted = append(sorted, k)
 	}
 	slices.Sort(sorted)
-	fmt.Printf("Per acquire+release pair, 16 clients on 16 resources, %v (background work included):\n\n", *dur)
+	fmt.Printf("Per acquire+release pair, %d clients on as many resources, %v (background work included):\n\n", *countClients, *dur)
 	fmt.Print("| |")
 	for _, c := range cols {
 		fmt.Printf(" %s |", c.name)
@@ -189,6 +195,7 @@ func countEtcd(ctx context.Context, systems []system) error {
 	}
 	fmt.Println()
 	row("CPU µs (process: clients and member)", func(c column) float64 { return float64(c.cpu.Microseconds()) })
+	row("heap allocations (process)", func(c column) float64 { return float64(c.mallocs) })
 	for _, k := range sorted {
 		row("client: "+k, func(c column) float64 { return float64(c.rpc[k]) })
 	}
@@ -206,6 +213,13 @@ func cpuTime() time.Duration {
 		return 0
 	}
 	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+}
+
+// mallocs is the number of heap allocations this process has made.
+func mallocs() uint64 {
+	var m runtime.MemStats
+	runtime.ReadMemStats(&m)
+	return m.Mallocs
 }
 
 func must[T any](v T, err error) T {
