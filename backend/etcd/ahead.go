@@ -103,7 +103,7 @@ type ahead struct {
 	leases  map[int64][]aheadLease          // by requested TTL in seconds (before the extra second)
 	pending map[int64]int                   // grants in flight, by the same key
 	inUse   map[clientv3.LeaseID]aheadLease // taken from the pool by an acquisition
-	snaps   map[string]leaseSnapshot
+	snaps   map[string]cachedSnapshot
 	held    map[string]heldEntry // gen values this driver wrote for leases it holds (holderTxn)
 	reuse   reusePool            // released leases kept alive for the next acquisitions (reuse.go)
 	bg      sync.WaitGroup
@@ -411,10 +411,20 @@ func (d *Driver) revokeLater(id clientv3.LeaseID) {
 func (d *Driver) snapshot(resource string) (leaseSnapshot, bool) {
 	a := &d.ahead
 	a.mu.Lock()
-	defer a.mu.Unlock()
-	s, ok := a.snaps[resource]
-	return s, ok
+	c, ok := a.snaps[resource]
+	a.mu.Unlock()
+	if !ok {
+		return leaseSnapshot{}, false
+	}
+	return leaseSnapshot{
+		gen:   &kvPair{value: appendGen(appendGen(make([]byte, 0, 2*genWidth), c.epoch), c.gen), modRevision: c.revision},
+		epoch: &kvPair{value: appendGen(make([]byte, 0, genWidth), c.epoch)},
+	}, true
 }
+
+// cachedSnapshot is what remember keeps of a resource; snapshot builds the leaseSnapshot from
+// it when an acquisition wants it, so that a release caches without allocating.
+type cachedSnapshot struct{ epoch, gen, revision int64 }
 
 // remember caches what an acquisition of this driver wrote: the gen key at its new revision,
 // and no owner, which is what the next acquisition will want to find (if the lease is still
@@ -424,12 +434,9 @@ func (d *Driver) remember(resource string, epoch, gen, revision int64) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	if a.snaps == nil || len(a.snaps) >= maxSnapshot {
-		a.snaps = map[string]leaseSnapshot{}
+		a.snaps = map[string]cachedSnapshot{}
 	}
-	a.snaps[resource] = leaseSnapshot{
-		gen:   &kvPair{value: []byte(encodeToken(epoch, gen)), modRevision: revision},
-		epoch: &kvPair{value: []byte(encodeGen(epoch))},
-	}
+	a.snaps[resource] = cachedSnapshot{epoch: epoch, gen: gen, revision: revision}
 }
 
 // forget drops a cached snapshot that etcd contradicted.

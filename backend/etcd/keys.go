@@ -47,14 +47,22 @@ type keys struct {
 }
 
 func (d *Driver) keys(resource string) keys {
-	base := d.prefix + resource + "/"
-	return keys{
-		gen:     base + "gen",
-		owner:   base + "owner",
-		pub:     base + "pub",
-		source:  base + "source",
-		payload: base + "payload",
+	// One allocation: the five keys one after the other in one string, each a slice of it.
+	fields := [...]string{"gen", "owner", "pub", "source", "payload"}
+	base := len(d.prefix) + len(resource) + 1
+	var b strings.Builder
+	b.Grow(len(fields)*base + len("genownerpubsourcepayload"))
+	var ends [len(fields)]int
+	for i, f := range fields {
+		b.WriteString(d.prefix)
+		b.WriteString(resource)
+		b.WriteByte('/')
+		b.WriteString(f)
+		ends[i] = b.Len()
 	}
+	all := b.String()
+	key := func(i int) string { return all[ends[i]-base-len(fields[i]) : ends[i]] }
+	return keys{gen: key(0), owner: key(1), pub: key(2), source: key(3), payload: key(4)}
 }
 
 func (d *Driver) epochKey() string  { return d.prefix + "epoch" }
@@ -109,9 +117,15 @@ func encodeToken(epoch, g int64) string {
 // encodeHeld is the gen key's value while owner holds the lease: the token, the owner, a NUL
 // byte and the informational expiry.
 func encodeHeld(epoch, g int64, owner string, until time.Time) string {
-	b := make([]byte, 0, 3*genWidth+len(owner)+1)
-	b = append(appendGen(appendGen(b, epoch), g), owner...)
-	return string(appendGen(append(b, 0), max(until.UnixNano(), 0)))
+	var num [genWidth]byte
+	var b strings.Builder // one allocation: Grow's
+	b.Grow(3*genWidth + len(owner) + 1)
+	b.Write(appendGen(num[:0], epoch))
+	b.Write(appendGen(num[:0], g))
+	b.WriteString(owner)
+	b.WriteByte(0)
+	b.Write(appendGen(num[:0], max(until.UnixNano(), 0)))
+	return b.String()
 }
 
 // heldValue is a decoded gen value.

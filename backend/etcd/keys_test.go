@@ -156,3 +156,24 @@ func TestPayloadOverClusterLimitIsAnError(t *testing.T) {
 		t.Fatalf("publish past the request limit: %v, want not applied", err)
 	}
 }
+
+// TestKeysInOneAllocation: keys builds the five keys of a resource as slices of one string,
+// equal to the plain concatenations, for names with spaces, non-ASCII and NUL; encodeHeld
+// allocates once too.
+func TestKeysInOneAllocation(t *testing.T) {
+	d := &Driver{prefix: "/fenced ä/"}
+	for _, r := range []string{"", "a", "ресурс\x00 with space", "x/gen"} {
+		base := d.prefix + r + "/"
+		want := keys{gen: base + "gen", owner: base + "owner", pub: base + "pub", source: base + "source", payload: base + "payload"}
+		if got := d.keys(r); got != want {
+			t.Errorf("keys(%q) = %q, want %q", r, got, want)
+		}
+	}
+	if n := testing.AllocsPerRun(100, func() { _ = d.keys("ресурс") }); n != 1 {
+		t.Errorf("keys allocates %v times, want 1", n)
+	}
+	until := time.Unix(0, 1_764_000_100_000_000_123)
+	if n := testing.AllocsPerRun(100, func() { _ = encodeHeld(1_764_000_000_123_456, 7, "owner ö", until) }); n != 1 {
+		t.Errorf("encodeHeld allocates %v times, want 1", n)
+	}
+}

@@ -74,6 +74,7 @@ var (
 	aheadB  = flag.Duration("etcd-ahead-bound", 0, "fenced etcd's Options.AheadBound (0: its default)")
 	eVar    = flag.Bool("etcd-variants", false, "also run fenced etcd without lease reuse (the driver before it: \"fenced etcd (no reuse)\") and with reuse but nothing granted ahead (\"fenced etcd (no ahead)\"), on the same cluster, taking turns with the others")
 	cpuProf = flag.String("cpuprofile", "", "write a CPU profile of the rounds (not of the setup) to this file")
+	memProf = flag.String("memprofile", "", "with -etcd-counts, write a heap profile (allocations) at the end to this file")
 )
 
 // errBusy is a refused try.
@@ -131,6 +132,11 @@ func main() {
 			fmt.Fprintln(os.Stderr, "peers:", err)
 			pprof.StopCPUProfile()
 			os.Exit(1)
+		}
+		if *memProf != "" {
+			if err := writeHeapProfile(*memProf); err != nil {
+				fmt.Fprintln(os.Stderr, "peers: heap profile:", err)
+			}
 		}
 		return
 	}
@@ -604,4 +610,17 @@ func startEtcd(dir string) (*embed.Etcd, string, error) {
 		return nil, "", errors.New("etcd: not ready after 30 s")
 	}
 	return e, client.Host, nil
+}
+
+// writeHeapProfile writes the allocations made so far (pprof's alloc_objects and alloc_space).
+func writeHeapProfile(path string) error {
+	f, err := os.Create(path)
+	if err != nil {
+		return err
+	}
+	if err := pprof.Lookup("allocs").WriteTo(f, 0); err != nil {
+		_ = f.Close()
+		return err
+	}
+	return f.Close()
 }
