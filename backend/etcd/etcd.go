@@ -52,7 +52,10 @@
 // held across it stays held by its owner, on its etcd lease. Stop every client running an older
 // fenced first: a version 2 driver refuses a folded gen key (its Txns compare gen with the bare
 // token, and it cannot decode the value), so by a reading of its code it fails closed, but it
-// does not stop. No test runs a version 2 driver against a folded store.
+// does not stop. No test runs a version 2 driver against a folded store. The other way round,
+// this driver opened on a version 2 store that nobody migrated (fenced.Config.SkipMigrate)
+// refuses every operation before sending it, not applied, with ErrNotMigrated
+// (checkLayout, TestUnmigratedVersion2FailsClosed).
 //
 // # Unknown outcomes
 //
