@@ -253,6 +253,8 @@ func summary(out string, code int) string {
 	violations := "0 violations"
 	if m := regexp.MustCompile(`RESULT: (\d+ violations) found`).FindStringSubmatch(out); m != nil {
 		violations = m[1]
+	} else if m := regexp.MustCompile(`model check did not finish \(time or steps\) on (.*)`).FindStringSubmatch(out); m != nil {
+		violations += ", model check unfinished on " + m[1]
 	}
 	return fmt.Sprintf("%s ops checked, faults %s, %s, checker %s (exit %d)",
 		find(`operations: (\d+) checked`), find(`faults injected: (.*)`), violations, find(`checker: (\S+)`), code)
