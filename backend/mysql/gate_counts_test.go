@@ -185,7 +185,7 @@ func mariaStatus(db *sql.DB) func(context.Context) (map[string]int64, error) {
 				var k string
 				var v int64
 				if err := rows.Scan(&k, &v); err != nil {
-					rows.Close()
+					_ = rows.Close()
 					return nil, err
 				}
 				if strings.HasPrefix(k, "Innodb") {
