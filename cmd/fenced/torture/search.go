@@ -68,6 +68,7 @@ type searchResult struct {
 	culprit int
 	depth   int // longest partial linearization, in operations
 	steps   int // steps taken: operations tried, returns reached, events passed over
+	memo    int // (set, state) pairs in the memo at the verdict
 	order   []int
 }
 
@@ -355,7 +356,15 @@ func search(ops []porcupine.Operation, init []state, deadline time.Time, maxStep
 	}
 	var lin1, lin2 uint64
 	type key struct{ a, b uint64 }
-	seen := make(map[key]struct{}, n)
+	// seen holds the (set, state) pairs from which every way on was tried and failed. A pair
+	// enters when the search backtracks out of it, not when it descends into it: the pairs
+	// still being explored are the path from the root, each with a larger set than the one
+	// before, so the search never meets one of them again below it, and pruning is the same
+	// as with every pair entered on the way down. A passing history with little backtracking
+	// thus leaves the memo nearly empty, where entering every pair made it as large as the
+	// resource's history: at a million operations, the map's probing missed the cache at
+	// every step (issue 13).
+	seen := map[key]struct{}{}
 	// memoKey is the memo's key for st after the operations ordered (l1, l2): Zobrist hashes
 	// of the set, each combined with a hash of the state.
 	memoKey := func(l1, l2 uint64, st state) key {
@@ -409,6 +418,8 @@ func search(ops []porcupine.Operation, init []state, deadline time.Time, maxStep
 				if len(calls) == 0 {
 					break
 				}
+				// Every way on from (the set ordered, st) has been tried: remember it.
+				seen[memoKey(lin1, lin2, st)] = struct{}{}
 				top := calls[len(calls)-1]
 				calls = calls[:len(calls)-1]
 				cur, st, from, limit = top.e, top.state, top.alt+1, top.limit
@@ -457,7 +468,6 @@ func search(ops []porcupine.Operation, init []state, deadline time.Time, maxStep
 				if _, done := seen[k]; done {
 					continue
 				}
-				seen[k] = struct{}{}
 				lin1, lin2 = lin1^z1[e.op], lin2^z2[e.op]
 				ordered[e.op] = true
 				if !deferrable[e.op] {
@@ -478,6 +488,7 @@ func search(ops []porcupine.Operation, init []state, deadline time.Time, maxStep
 			break
 		}
 	}
+	res.memo = len(seen)
 	if required > 0 {
 		res.verdict = illegal
 		return res

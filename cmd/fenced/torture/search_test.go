@@ -319,3 +319,27 @@ func TestUnknownPublicationWaitsForARestore(t *testing.T) {
 		t.Fatalf("verdict %d, want linearizable (culprit %d)", r.verdict, r.culprit)
 	}
 }
+
+// TestMemoHoldsExhaustedPairsOnly checks the memo's bookkeeping (search.go, seen): a pair
+// enters when the search backtracks out of it, so a history ordered without backtracking
+// leaves only the initial pair, and the pruning is the same as when every pair entered on
+// the way down: the step counts below are those that search took on these histories with
+// that memo (main at 97481aa), on a passing history with many unknown outcomes and on an
+// illegal one.
+func TestMemoHoldsExhaustedPairsOnly(t *testing.T) {
+	run := func(recs []Record) searchResult {
+		h := Build(recs, 0)
+		return search(porcupineOps(h, h.Ops), []state{{}}, time.Now().Add(time.Minute), 0)
+	}
+	if r := run(synthetic(5_000, 8, 1, 0, 3)); r.verdict != linearizable || r.steps != 5_001 || r.memo > 1 {
+		t.Errorf("no unknown outcome: verdict %v, %d steps, %d pairs in the memo; want linearizable, 5001, at most 1", r.verdict, r.steps, r.memo)
+	}
+	if r := run(synthetic(5_000, 8, 1, 5, 3)); r.verdict != linearizable || r.steps != 19_935 || r.memo == 0 {
+		t.Errorf("one unknown outcome in 5: verdict %v, %d steps, %d pairs in the memo; want linearizable, 19935, some", r.verdict, r.steps, r.memo)
+	}
+	recs := synthetic(2_000, 8, 1, 5, 3)
+	what := mutate(recs, rand.New(rand.NewPCG(13, 13)))
+	if r := run(recs); r.verdict != illegal || r.steps != 9_485 {
+		t.Errorf("mutant (%s): verdict %v after %d steps; want illegal after 9485", what, r.verdict, r.steps)
+	}
+}
