@@ -1,8 +1,10 @@
 package torture
 
 import (
+	"cmp"
 	"hash/maphash"
 	"math/rand/v2"
+	"slices"
 	"sort"
 	"time"
 
@@ -102,11 +104,16 @@ func search(ops []porcupine.Operation, init []state, deadline time.Time, maxStep
 	for i, op := range ops {
 		stamps = append(stamps, stamp{i, false, op.Call}, stamp{i, true, op.Return})
 	}
-	sort.SliceStable(stamps, func(i, j int) bool {
-		if stamps[i].t != stamps[j].t {
-			return stamps[i].t < stamps[j].t
+	slices.SortStableFunc(stamps, func(a, b stamp) int {
+		switch {
+		case a.t != b.t:
+			return cmp.Compare(a.t, b.t)
+		case a.ret == b.ret:
+			return 0
+		case b.ret:
+			return -1 // at the same instant, calls first: concurrent
 		}
-		return !stamps[i].ret && stamps[j].ret // at the same instant, calls first: concurrent
+		return 1
 	})
 	// Deferrable operations: outcome unknown and open until the end of the history (every
 	// call comes before their return, and every other return but a deferrable one's). Not
@@ -141,12 +148,16 @@ func search(ops []porcupine.Operation, init []state, deadline time.Time, maxStep
 	// Owners no operation left to order can tell apart (see unobservable) are replaced by one
 	// placeholder. mentions[i] are the owners operation i names (in its input, or in what a read
 	// returned); left counts, per owner, the operations naming it not yet ordered.
+	// inOwner[i] is the number of the owner operation i's input names, -1 for none: each
+	// owner's string is hashed once here, not again below.
 	ownerID := make(map[string]int32, n/2)
 	mentions := make([][]int32, n)
+	inOwner := make([]int32, n)
 	var left []int32
 	for i, op := range ops {
 		in, out := op.Input.(input), op.Output.(output)
-		for _, o := range [2]string{in.Owner, out.Owner} {
+		inOwner[i] = -1
+		for j, o := range [2]string{in.Owner, out.Owner} {
 			if o == "" {
 				continue
 			}
@@ -155,6 +166,9 @@ func search(ops []porcupine.Operation, init []state, deadline time.Time, maxStep
 				id = int32(len(left))
 				ownerID[o] = id
 				left = append(left, 0)
+			}
+			if j == 0 {
+				inOwner[i] = id
 			}
 			if len(mentions[i]) == 0 || mentions[i][0] != id {
 				mentions[i] = append(mentions[i], id)
@@ -224,7 +238,7 @@ func search(ops []porcupine.Operation, init []state, deadline time.Time, maxStep
 				continue
 			}
 			in, out := ops[i].Input.(input), ops[i].Output.(output)
-			if out.Owner != "" || (in.Owner != "" && (left[ownerID[in.Owner]] != 1 || initOwner[in.Owner])) {
+			if out.Owner != "" || (inOwner[i] >= 0 && (left[inOwner[i]] != 1 || initOwner[in.Owner])) {
 				continue // it names an owner something else names: no twin
 			}
 			in.Owner = ""
@@ -337,9 +351,9 @@ func search(ops []porcupine.Operation, init []state, deadline time.Time, maxStep
 		gives[i] = -1
 		switch in.Kind {
 		case OpPublish, OpPublishRelease, OpRelease:
-			ownersOnly[i], ownerOf[i], ownerIdx[i] = deferrable[i], in.Owner, ownerID[in.Owner]
+			ownersOnly[i], ownerOf[i], ownerIdx[i] = deferrable[i], in.Owner, max(inOwner[i], 0)
 		case OpAcquire, OpRestore:
-			if id, ok := ownerID[in.Owner]; ok {
+			if id := inOwner[i]; id >= 0 {
 				gives[i] = id
 				enablers[id]++
 			}
