@@ -870,7 +870,13 @@ func (c *checker) readers() {
 
 // identities checks invariant 12: every acquisition used a fresh owner identity.
 func (c *checker) identities() {
-	seen := map[string]*Op{}
+	acquisitions := 0
+	for _, n := range c.r.Counts[OpAcquire] {
+		acquisitions += n
+	}
+	// Sized once: the map holds an owner per acquisition of the whole history, and growing
+	// it step by step moved every entry again at each doubling.
+	seen := make(map[string]*Op, acquisitions)
 	for _, op := range c.h.Ops {
 		if op.Kind != OpAcquire {
 			continue
