@@ -282,3 +282,28 @@ func TestGateStaleWriteFlagged(t *testing.T) {
 		t.Fatalf("gate violations %q, want the write of generation 2 only", got)
 	}
 }
+
+// An owner identity is made fresh for every acquisition; a worker that used one twice (say,
+// one restored from a checkpoint) could pass as the holder of a lease it did not take. The
+// second acquisition below is legal in every other respect: only invariant 12 may catch it,
+// and the same acquisition with a fresh identity is the control.
+func TestOwnerUsedTwiceIsFlagged(t *testing.T) {
+	for _, tc := range []struct {
+		owner string
+		want  bool
+	}{{"a3", false}, {"a1", true}} {
+		h := valid()
+		h.acquire("A", 400, 410, tc.owner, OutOK, 4)
+		r := h.check(t)
+		flagged := false
+		for _, v := range r.Violations {
+			if v.Invariant != InvIdentityPerAcq {
+				t.Errorf("owner %s: %s: %s", tc.owner, v.Invariant, v.Message)
+			}
+			flagged = true
+		}
+		if flagged != tc.want || len(r.Inconclusive) != 0 {
+			t.Errorf("owner %s: flagged %v, want %v (inconclusive %v)", tc.owner, flagged, tc.want, r.Inconclusive)
+		}
+	}
+}
