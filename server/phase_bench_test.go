@@ -20,7 +20,6 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
-	"syscall"
 	"testing"
 	"time"
 
@@ -334,15 +333,6 @@ func syncServer(b *testing.B, handler http.Handler) string {
 		}
 	})
 	return ln.Addr().String()
-}
-
-// processCPU is the CPU time the process has used, all threads, user and system.
-func processCPU(b *testing.B) time.Duration {
-	var ru syscall.Rusage
-	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
-		b.Fatal(err)
-	}
-	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 }
 
 // allocated is the bytes the process has allocated on the heap so far.
