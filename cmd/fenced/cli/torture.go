@@ -133,7 +133,8 @@ interleaving of the processes is the operating system's, so runs differ in detai
 The report is printed and written as a self-contained HTML page in --report DIR (default: a
 new temporary directory, kept), with every history file.
 
-Exit code 7: violations found.`,
+Exit code 7: violations found; 1: the model check of some resource did not finish (time or
+step budget) and nothing was violated, so the run proves nothing there.`,
 		Args: cobra.NoArgs,
 		RunE: a.run(func(cmd *cobra.Command, _ []string) error {
 			if !cmd.Flags().Changed("seed") {
