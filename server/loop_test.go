@@ -190,16 +190,24 @@ func TestLoopMalformedRequest(t *testing.T) {
 	}
 }
 
-// A waiting acquisition on a looped connection is parked as on net/http's: the loop hands
-// the connection over and the waiter is granted at the release.
-func TestLoopWaiterParked(t *testing.T) {
-	ps := newParkedServiceWith(t, &server.Options{SyncConnections: true})
-	holder := ps.hold(t)
+// loopedClient is a store over a sync client of ps, once the client's first request has put
+// its connection on the loop.
+func loopedClient(t *testing.T, ps *parkedService) *fenced.Store {
+	t.Helper()
 	client, err := fenced.New(testCtx(t), syncClient(t, ps.h.addr, ""), nil)
 	if err != nil {
 		t.Fatal(err)
 	}
 	ps.event(t, "loop") // the client's first request
+	return client
+}
+
+// A waiting acquisition on a looped connection is parked as on net/http's: the loop hands
+// the connection over and the waiter is granted at the release.
+func TestLoopWaiterParked(t *testing.T) {
+	ps := newParkedServiceWith(t, &server.Options{SyncConnections: true})
+	holder := ps.hold(t)
+	client := loopedClient(t, ps)
 	got := remoteWaiter(t, client, testCtx(t), fenced.AsOwner("looped waiter ü"))
 	ps.event(t, "parked")
 	ps.event(t, "loop-end") // handed over, not closed
@@ -267,11 +275,7 @@ func TestLoopTLS(t *testing.T) {
 func TestLoopWaiterHangsUp(t *testing.T) {
 	ps := newParkedServiceWith(t, &server.Options{SyncConnections: true})
 	holder := ps.hold(t)
-	client, err := fenced.New(testCtx(t), syncClient(t, ps.h.addr, ""), nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ps.event(t, "loop") // the client's first request
+	client := loopedClient(t, ps)
 	ctx, cancel := context.WithCancel(testCtx(t))
 	defer cancel()
 	got := remoteWaiter(t, client, ctx, fenced.AsOwner("looped waiter ü"))
