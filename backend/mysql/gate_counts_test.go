@@ -242,25 +242,38 @@ func BenchmarkGateFloor(b *testing.B) {
 // database's connections take a batch, and Exec then sends the write and the check in one
 // round trip where they do (as many round trips a transaction as the raw one) and in two where
 // they do not (one more). Either way a stale token is refused and leaves the data as it was.
-// Before the detection, Exec sent one more than the raw transaction on every DSN.
+// Before the detection, Exec sent one more than the raw transaction on every DSN. With
+// Config.MySQLNoBatchDetection it still does, on a DSN that takes a batch too.
 func TestGateDetectsBatches(t *testing.T) {
 	t.Parallel()
 	for _, c := range []struct {
 		query string
+		cfg   *gate.Config
 		more  int64 // round trips of Exec's transaction beyond the raw one's
 	}{
-		{"multiStatements=true", 0},
-		{"", 1},
-		{"multiStatements=true&interpolateParams=false", 1}, // the write is sent as a prepared statement
-		{"interpolateParams=false", 1},
+		{"multiStatements=true", nil, 0},
+		{"", nil, 1},
+		{"multiStatements=true&interpolateParams=false", nil, 1}, // the write is sent as a prepared statement
+		{"interpolateParams=false", nil, 1},
+		{"multiStatements=true", &gate.Config{MySQLNoBatchDetection: true}, 1},
 	} {
-		t.Run("dsn="+c.query, func(t *testing.T) {
+		t.Run(fmt.Sprintf("dsn=%s/nodetection=%t", c.query, c.cfg != nil), func(t *testing.T) {
 			t.Parallel()
 			ctx := context.Background()
 			var wire gatetest.Wire
 			db := openWire(t, c.query, &wire)
+			db.SetMaxOpenConns(1) // one session, whose counters say whether the gate probed
 			const res = "rapport nº 12; ü"
-			s := markedService(t, gatetest.Engine{Dialect: gate.MySQL, Open: func(testing.TB) *sql.DB { return db }}, res, gatetest.Tok(1, 3))
+			s := markedService(t, gatetest.Engine{Dialect: gate.MySQL, Config: c.cfg, Open: func(testing.TB) *sql.DB { return db }}, res, gatetest.Tok(1, 3))
+			// The probe is the only transaction the service's setup rolls back.
+			var name string
+			var rollbacks int64
+			if err := db.QueryRowContext(ctx, `SHOW SESSION STATUS LIKE 'Com_rollback'`).Scan(&name, &rollbacks); err != nil {
+				t.Fatal(err)
+			}
+			if probed := rollbacks > 0; probed != (c.cfg == nil) {
+				t.Errorf("%d rollbacks in the setup: probed %t, want %t", rollbacks, probed, c.cfg == nil)
+			}
 			raw := func() int64 {
 				before := wire.Writes()
 				tx, err := db.BeginTx(ctx, nil)

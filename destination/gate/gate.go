@@ -67,6 +67,13 @@ type Config struct {
 	// gate finds out once whether db's connections take such a batch (see Exec), and until it
 	// knows, or when they do not, Exec is Check, then the write, two round trips.
 	MySQLMultiStatements bool
+	// MySQLNoBatchDetection turns that finding out off: the gate never sends its probe (a
+	// transaction of two batches, rolled back) and Exec on MySQL/MariaDB is always Check, then
+	// the write, two round trips, whatever db's connections take. For a service whose DSN has
+	// multiStatements=true for other reasons and that wants each of its statements sent alone,
+	// or that does not want the probe in its server's log. Default false. It cannot be combined
+	// with MySQLMultiStatements.
+	MySQLNoBatchDetection bool
 }
 
 var identifier = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]{0,62}$`)
@@ -224,7 +231,17 @@ func New(db *sql.DB, d Dialect, cfg *Config) (*Gate, error) {
 	if c.MySQLMultiStatements && d != MySQL {
 		return nil, fmt.Errorf("gate: MySQLMultiStatements is for the MySQL dialect, not %s", d)
 	}
-	return &Gate{db: db, d: d, q: q, batch: c.MySQLMultiStatements}, nil
+	if c.MySQLNoBatchDetection && d != MySQL {
+		return nil, fmt.Errorf("gate: MySQLNoBatchDetection is for the MySQL dialect, not %s", d)
+	}
+	if c.MySQLNoBatchDetection && c.MySQLMultiStatements {
+		return nil, errors.New("gate: MySQLNoBatchDetection and MySQLMultiStatements contradict each other: choose one")
+	}
+	g := &Gate{db: db, d: d, q: q, batch: c.MySQLMultiStatements}
+	if c.MySQLNoBatchDetection {
+		g.batchable.Store(batchNo) // as if a probe had said no: prepare never probes
+	}
+	return g, nil
 }
 
 // Migrate creates the marks table if it does not exist.
@@ -377,9 +394,10 @@ func (g *Gate) accepted(ctx context.Context, ex execer, query string, args []any
 // Config.MySQLMultiStatements always, and otherwise when the gate has found that db's
 // connections take such a batch (go-sql-driver/mysql with multiStatements=true and
 // interpolateParams=true), which it finds out once, outside a transaction, as soon as it has
-// prepared its check (see Check); write is then one statement (a semicolon at its end is
-// dropped). Otherwise (SQLite, MySQL until the gate knows or when the connections do not take
-// a batch) Exec is Check, then write: two statements, two round trips.
+// prepared its check (see Check), unless Config.MySQLNoBatchDetection; write is then one
+// statement (a semicolon at its end is dropped). Otherwise (SQLite, MySQL until the gate knows,
+// when the connections do not take a batch or with MySQLNoBatchDetection) Exec is Check, then
+// write: two statements, two round trips.
 //
 // A refusal is *destination.StaleError (or ErrUnknownResource) as from Check, but the write
 // may have run in tx: the caller must roll tx back, as after any error. Exec does not return

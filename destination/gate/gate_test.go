@@ -113,6 +113,18 @@ func TestNewRefusesBadConfig(t *testing.T) {
 	if _, err := gate.New(nil, gate.SQLite, nil); err == nil {
 		t.Error("nil db accepted")
 	}
+	for name, c := range map[string]struct {
+		d   gate.Dialect
+		cfg gate.Config
+	}{
+		"MySQLMultiStatements on SQLite":  {gate.SQLite, gate.Config{MySQLMultiStatements: true}},
+		"MySQLNoBatchDetection on SQLite": {gate.SQLite, gate.Config{MySQLNoBatchDetection: true}},
+		"both MySQL options":              {gate.MySQL, gate.Config{MySQLMultiStatements: true, MySQLNoBatchDetection: true}},
+	} {
+		if _, err := gate.New(db, c.d, &c.cfg); err == nil {
+			t.Errorf("%s accepted", name)
+		}
+	}
 }
 
 // TestPostgresCheckWaitsForTheRaise: a check waiting on an uncommitted raise's row lock is
