@@ -1,0 +1,84 @@
+package mysql
+
+import (
+	"context"
+	"database/sql"
+	"testing"
+
+	"github.com/fenced-dev/fenced"
+	"github.com/fenced-dev/fenced/destination/gate"
+	"github.com/fenced-dev/fenced/destination/gate/gatetest"
+)
+
+// shareFirst is a candidate check on MariaDB/MySQL, measured beside the gate's and not used by
+// it: a locking read (LOCK IN SHARE MODE) of the mark where it equals the token, the common
+// case after a holder fenced on acquisition; only when that finds no row, the gate's own check
+// (which raises a newer token or refuses an older one) in a second statement. A shared row
+// lock blocks a concurrent raise as the gate's exclusive one does, and writes nothing.
+type shareFirst struct {
+	g     *gate.Gate
+	stmt  *sql.Stmt
+	batch bool
+}
+
+const shareSelect = `SELECT 1 FROM ` + gate.DefaultTable + ` WHERE resource = ? AND epoch = ? AND generation = ? LOCK IN SHARE MODE`
+
+func newShareFirst(batch bool) func(context.Context, *gatetest.Service) (gatetest.Checker, error) {
+	return func(ctx context.Context, s *gatetest.Service) (gatetest.Checker, error) {
+		stmt, err := s.DB.PrepareContext(ctx, shareSelect)
+		return shareFirst{g: s.Gate, stmt: stmt, batch: batch}, err
+	}
+}
+
+func (c shareFirst) Check(ctx context.Context, tx *sql.Tx, resource string, t fenced.Token) error {
+	s := tx.StmtContext(ctx, c.stmt)
+	defer func() { _ = s.Close() }()
+	rows, err := s.QueryContext(ctx, resource, t.Epoch, t.Generation)
+	if err != nil {
+		return err
+	}
+	found := rows.Next()
+	_ = rows.Close()
+	if err := rows.Err(); err != nil {
+		return err
+	}
+	if found {
+		return nil
+	}
+	return c.g.Check(ctx, tx, resource, t)
+}
+
+func (c shareFirst) Exec(ctx context.Context, tx *sql.Tx, resource string, t fenced.Token, write string, args ...any) error {
+	if !c.batch {
+		return checkThenWrite(ctx, c, tx, resource, t, write, args)
+	}
+	rows, err := tx.QueryContext(ctx, write+"\n; "+shareSelect, append(args, resource, t.Epoch, t.Generation)...)
+	if err != nil {
+		return err
+	}
+	found := false
+	for {
+		for rows.Next() {
+			found = true
+		}
+		if !rows.NextResultSet() {
+			break
+		}
+	}
+	_ = rows.Close()
+	if err := rows.Err(); err != nil {
+		return err
+	}
+	if found {
+		return nil
+	}
+	return c.g.Check(ctx, tx, resource, t)
+}
+
+// BenchmarkGateShareFirst: the gate's transactions beside shareFirst's, in the same rounds, one
+// statement at a time and batched. Run with:
+// go test -run '^$' -bench GateShareFirst -benchtime 2s -count 3 ./backend/mysql/
+func BenchmarkGateShareFirst(b *testing.B) {
+	b.Run("batched=false", func(b *testing.B) { gatetest.BenchBeside(b, gateEngine, "sharefirst", newShareFirst(false)) })
+	b.Run("batched=true", func(b *testing.B) { gatetest.BenchBeside(b, batchedEngine, "sharefirst", newShareFirst(true)) })
+}
