@@ -684,7 +684,7 @@ func BenchAgainst(b *testing.B, e Engine, earlier func(context.Context, *Service
 	})
 	// Interleaved runs the three in alternation, so that the load of a shared machine falls on
 	// all alike, and reports each one's mean, the ratios of the means to the raw transaction,
-	// and the medians of the per-round ratios (a round is one of each, in rotated order),
+	// and the medians of the per-round ratios (a round is one of each, in an order that changes),
 	// which a burst of load on a shared machine moves less.
 	b.Run("interleaved", func(b *testing.B) {
 		var tRaw, tGate, tExec time.Duration
@@ -756,19 +756,51 @@ func beside(b *testing.B, x *txns, name, short string, other func(context.Contex
 	})
 }
 
-// rotated runs fns once each, starting at fns[round % len(fns)], and returns each one's time.
-// Rotating the start from round to round runs each transaction as often in each place of a
-// round: in a fixed order, the same Check measured in the second and in the third place
-// differed by 3-15 % on a loaded machine.
+// rotated runs fns once each, in the order Order(round, len(fns)), and returns each one's
+// time. The order changes from round to round so that each transaction runs as often in each
+// place of a round: in a fixed order, the same Check measured in the second and in the third
+// place differed by 3-15 % on a loaded machine. It also changes which transaction runs just
+// before each one: with a rotation (session 8), the gate's Check always followed the raw
+// transaction and a candidate always followed the gate, and a candidate that only moved
+// behind the gate changed its ratio to the gate by about 3 % (docs/BENCHMARKS.md, session 9).
 func rotated(b *testing.B, round int, fns ...func(testing.TB)) []time.Duration {
 	d := make([]time.Duration, len(fns))
-	for i := range fns {
-		k := (i + round) % len(fns)
+	for _, k := range Order(round, len(fns)) {
 		t0 := time.Now()
 		fns[k](b)
 		d[k] = time.Since(t0)
 	}
 	return d
+}
+
+// Order is the order of the round-th round of n transactions: the permutations of 0..n-1 in
+// lexicographic order, one per round, over and over. Over n! consecutive rounds each
+// transaction runs equally often in each place and right after each other one (and first,
+// after the previous round's last).
+func Order(round, n int) []int {
+	left := make([]int, n)
+	for i := range left {
+		left[i] = i
+	}
+	f := 1 // (n-1)!, then the factorials below it
+	for i := 2; i < n; i++ {
+		f *= i
+	}
+	idx := round
+	if n > 0 {
+		idx %= f * n
+	}
+	order := make([]int, 0, n)
+	for i := n - 1; i >= 0; i-- {
+		k := idx / f
+		idx %= f
+		order = append(order, left[k])
+		left = append(left[:k], left[k+1:]...)
+		if i > 0 {
+			f /= i
+		}
+	}
+	return order
 }
 
 // Wire counts what a client sends its database: each request (a statement, a BEGIN, a COMMIT,
@@ -810,7 +842,7 @@ func (c wireConn) Write(p []byte) (int, error) {
 //
 // The times (elapsed, this process's CPU, and the server's CPU for the connection that
 // serverCPU reads, if not nil) are taken in n further rounds that run every transaction once
-// each, in rotated order, so that the load of a shared machine falls on all alike.
+// each, in the order Order gives, so that the load of a shared machine falls on all alike.
 func Counts(t testing.TB, s *Service, wire *Wire, n int, status func(context.Context) (map[string]int64, error), serverCPU func() time.Duration, others map[string]func(context.Context, *Service) (Checker, error)) []CountRow {
 	x := newTxns(t, s)
 	ctx := context.Background()
@@ -870,8 +902,7 @@ func Counts(t testing.TB, s *Service, wire *Wire, n int, status func(context.Con
 		serverCPU = func() time.Duration { return 0 }
 	}
 	for round := range n {
-		for i := range vs {
-			k := (i + round) % len(vs)
+		for _, k := range Order(round, len(vs)) {
 			c0, s0, t0 := selfCPU(), serverCPU(), time.Now()
 			vs[k].fn(t)
 			elapsed, server, client := time.Since(t0), serverCPU()-s0, selfCPU()-c0
