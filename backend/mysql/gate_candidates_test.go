@@ -35,18 +35,7 @@ func (c shareFirst) Check(ctx context.Context, tx *sql.Tx, resource string, t fe
 	s := tx.StmtContext(ctx, c.stmt)
 	defer func() { _ = s.Close() }()
 	rows, err := s.QueryContext(ctx, resource, t.Epoch, t.Generation)
-	if err != nil {
-		return err
-	}
-	found := rows.Next()
-	_ = rows.Close()
-	if err := rows.Err(); err != nil {
-		return err
-	}
-	if found {
-		return nil
-	}
-	return c.g.Check(ctx, tx, resource, t)
+	return c.decide(ctx, tx, resource, t, rows, err)
 }
 
 func (c shareFirst) Exec(ctx context.Context, tx *sql.Tx, resource string, t fenced.Token, write string, args ...any) error {
@@ -54,6 +43,12 @@ func (c shareFirst) Exec(ctx context.Context, tx *sql.Tx, resource string, t fen
 		return checkThenWrite(ctx, c, tx, resource, t, write, args)
 	}
 	rows, err := tx.QueryContext(ctx, write+"\n; "+shareSelect, append(args, resource, t.Epoch, t.Generation)...)
+	return c.decide(ctx, tx, resource, t, rows, err)
+}
+
+// decide accepts when the locking read's result (the last of rows' result sets) has a row, and
+// otherwise runs the gate's check.
+func (c shareFirst) decide(ctx context.Context, tx *sql.Tx, resource string, t fenced.Token, rows *sql.Rows, err error) error {
 	if err != nil {
 		return err
 	}

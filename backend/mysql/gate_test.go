@@ -87,6 +87,17 @@ func TestGateRaiseWaitsForTheCheck(t *testing.T) {
 	if err := gatetest.RaiseWaitsForTheCheck(ctx, gatetest.NewService(t, gateEngine), false, innodbTrxInterval, innodbWaiting(t)); err != nil {
 		t.Fatal(err)
 	}
+	t.Run("candidate share-first", func(t *testing.T) { // gate_candidates_test.go: LOCK IN SHARE MODE
+		s := gatetest.NewService(t, gateEngine)
+		c, err := newShareFirst(false)(ctx, s)
+		if err != nil {
+			t.Fatal(err)
+		}
+		s.Checker = c
+		if err := gatetest.RaiseWaitsForTheCheck(ctx, s, false, innodbTrxInterval, innodbWaiting(t)); err != nil {
+			t.Fatal(err)
+		}
+	})
 	t.Run("mutant plain read", func(t *testing.T) {
 		s := gatetest.NewService(t, gateEngine)
 		s.Checker = plainReadCheck{s.Gate}
