@@ -14,7 +14,7 @@ func Unconditional(g *Gate) {
 	g.forget()
 	switch g.d {
 	case MySQL:
-		g.q.check = `UPDATE ` + DefaultTable + ` SET epoch = ?, generation = ? WHERE resource = ? AND LAST_INSERT_ID(? IS NOT NULL OR ? IS NOT NULL)`
+		g.q.check = `UPDATE ` + DefaultTable + ` SET epoch = ?, generation = ? WHERE resource = ? AND LAST_INSERT_ID(? IS NOT NULL OR ? IS NOT NULL OR ? IS NOT NULL)`
 	case Postgres:
 		g.q.raise = `UPDATE ` + DefaultTable + ` SET epoch = $2, generation = $3 WHERE resource = $1 RETURNING 1`
 		g.q.check = `WITH fenced_raise AS (` + g.q.raise + `) ` + g.q.answer

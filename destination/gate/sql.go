@@ -72,15 +72,12 @@ func statements(d Dialect, table string) (queries, error) {
 				epoch      BIGINT NOT NULL DEFAULT 0 CHECK (epoch >= 0),
 				generation BIGINT NOT NULL DEFAULT 0 CHECK (generation >= 0)) ENGINE=InnoDB`,
 			add: `INSERT INTO ` + table + ` (resource) VALUES (?) ON DUPLICATE KEY UPDATE resource = resource`,
-			// MySQL assigns left to right, so the condition is in WHERE, evaluated first. A row
-			// comparison is lexicographic, as notOlder spells out: (a, b) <= (x, y) is
-			// a < x OR (a = x AND b <= y). Written so, the statement has five arguments instead of
-			// six and 15 bytes less text (beside the former, loaded: 0-2 % faster, within the noise).
-			check:      `UPDATE ` + table + ` SET epoch = ?, generation = ? WHERE resource = ? AND LAST_INSERT_ID((epoch, generation) <= (?, ?))`,
+			// MySQL assigns left to right, so the condition is in WHERE, evaluated first.
+			check:      `UPDATE ` + table + ` SET epoch = ?, generation = ? WHERE resource = ? AND LAST_INSERT_ID` + fmt.Sprintf(notOlder, "?", "?"),
 			byInsertID: true,
 			mark:       `SELECT epoch, generation FROM ` + table + ` WHERE resource = ?`,
 			checkArgs: func(r string, t fenced.Token) []any {
-				return []any{t.Epoch, t.Generation, r, t.Epoch, t.Generation}
+				return []any{t.Epoch, t.Generation, r, t.Epoch, t.Epoch, t.Generation}
 			},
 		}, nil
 	}

@@ -3,7 +3,6 @@ package mysql
 import (
 	"context"
 	"database/sql"
-	"fmt"
 	"testing"
 
 	"github.com/fenced-dev/fenced"
@@ -77,58 +76,4 @@ func (c shareFirst) decide(ctx context.Context, tx *sql.Tx, resource string, t f
 func BenchmarkGateShareFirst(b *testing.B) {
 	b.Run("batched=false", func(b *testing.B) { gatetest.BenchBeside(b, gateEngine, "sharefirst", newShareFirst(false)) })
 	b.Run("batched=true", func(b *testing.B) { gatetest.BenchBeside(b, batchedEngine, "sharefirst", newShareFirst(true)) })
-}
-
-// orForm is the gate's check as it was before session 9, measured beside the gate's: the same
-// statement with the token compared as epoch < e OR (epoch = e AND generation <= g), six
-// arguments. The gate's row comparison, (epoch, generation) <= (e, g), replaced it.
-type orForm struct {
-	stmt  *sql.Stmt
-	batch bool
-}
-
-const orFormCheck = `UPDATE ` + gate.DefaultTable + ` SET epoch = ?, generation = ? WHERE resource = ? AND LAST_INSERT_ID(epoch < ? OR (epoch = ? AND generation <= ?))`
-
-func newOrForm(batch bool) func(context.Context, *gatetest.Service) (gatetest.Checker, error) {
-	return func(ctx context.Context, s *gatetest.Service) (gatetest.Checker, error) {
-		stmt, err := s.DB.PrepareContext(ctx, orFormCheck)
-		return orForm{stmt: stmt, batch: batch}, err
-	}
-}
-
-func orFormArgs(resource string, t fenced.Token) []any {
-	return []any{t.Epoch, t.Generation, resource, t.Epoch, t.Epoch, t.Generation}
-}
-
-func orFormAccepted(res sql.Result, err error) error {
-	if err != nil {
-		return err
-	}
-	if id, err := res.LastInsertId(); err != nil || id != 1 {
-		return fmt.Errorf("or-form: refused (%v)", err)
-	}
-	return nil
-}
-
-func (c orForm) Check(ctx context.Context, tx *sql.Tx, resource string, t fenced.Token) error {
-	s := tx.StmtContext(ctx, c.stmt)
-	defer func() { _ = s.Close() }()
-	return orFormAccepted(s.ExecContext(ctx, orFormArgs(resource, t)...))
-}
-
-func (c orForm) Exec(ctx context.Context, tx *sql.Tx, resource string, t fenced.Token, write string, args ...any) error {
-	if !c.batch {
-		return checkThenWrite(ctx, c, tx, resource, t, write, args)
-	}
-	return orFormAccepted(tx.ExecContext(ctx, write+"\n; "+orFormCheck, append(args, orFormArgs(resource, t)...)...))
-}
-
-// BenchmarkGateRowCompare: the gate's transactions (the row comparison) beside orForm's, in the
-// same rounds, one statement at a time and batched. Before the change, the row comparison was
-// the candidate and measured 1-7 % faster than the gate's check through the gate; this runs the
-// comparison the other way round, with the former statement outside the gate's code. Run with:
-// go test -run '^$' -bench GateRowCompare -benchtime 2s -count 3 ./backend/mysql/
-func BenchmarkGateRowCompare(b *testing.B) {
-	b.Run("batched=false", func(b *testing.B) { gatetest.BenchBeside(b, gateEngine, "or", newOrForm(false)) })
-	b.Run("batched=true", func(b *testing.B) { gatetest.BenchBeside(b, batchedEngine, "or", newOrForm(true)) })
 }
