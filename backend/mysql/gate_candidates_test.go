@@ -3,6 +3,7 @@ package mysql
 import (
 	"context"
 	"database/sql"
+	"fmt"
 	"testing"
 
 	"github.com/fenced-dev/fenced"
@@ -76,4 +77,58 @@ func (c shareFirst) decide(ctx context.Context, tx *sql.Tx, resource string, t f
 func BenchmarkGateShareFirst(b *testing.B) {
 	b.Run("batched=false", func(b *testing.B) { gatetest.BenchBeside(b, gateEngine, "sharefirst", newShareFirst(false)) })
 	b.Run("batched=true", func(b *testing.B) { gatetest.BenchBeside(b, batchedEngine, "sharefirst", newShareFirst(true)) })
+}
+
+// rowCompare is another candidate, not used by the gate: the gate's statement with the token
+// compared as a row, (epoch, generation) <= (e, g), which MariaDB evaluates lexicographically:
+// five arguments instead of six and 15 bytes less text. Measured beside the gate's in rounds
+// whose order varies (gatetest.Order), the two could not be told apart (0.99-1.01); in
+// rotated rounds, where it always ran right after the gate's check, it looked 1-7 % faster.
+type rowCompare struct {
+	stmt  *sql.Stmt
+	batch bool
+}
+
+const rowCompareCheck = `UPDATE ` + gate.DefaultTable + ` SET epoch = ?, generation = ? WHERE resource = ? AND LAST_INSERT_ID((epoch, generation) <= (?, ?))`
+
+func newRowCompare(batch bool) func(context.Context, *gatetest.Service) (gatetest.Checker, error) {
+	return func(ctx context.Context, s *gatetest.Service) (gatetest.Checker, error) {
+		stmt, err := s.DB.PrepareContext(ctx, rowCompareCheck)
+		return rowCompare{stmt: stmt, batch: batch}, err
+	}
+}
+
+func rowCompareArgs(resource string, t fenced.Token) []any {
+	return []any{t.Epoch, t.Generation, resource, t.Epoch, t.Generation}
+}
+
+func rowCompareAccepted(res sql.Result, err error) error {
+	if err != nil {
+		return err
+	}
+	if id, err := res.LastInsertId(); err != nil || id != 1 {
+		return fmt.Errorf("rowcompare: refused (%v)", err)
+	}
+	return nil
+}
+
+func (c rowCompare) Check(ctx context.Context, tx *sql.Tx, resource string, t fenced.Token) error {
+	s := tx.StmtContext(ctx, c.stmt)
+	defer func() { _ = s.Close() }()
+	return rowCompareAccepted(s.ExecContext(ctx, rowCompareArgs(resource, t)...))
+}
+
+func (c rowCompare) Exec(ctx context.Context, tx *sql.Tx, resource string, t fenced.Token, write string, args ...any) error {
+	if !c.batch {
+		return checkThenWrite(ctx, c, tx, resource, t, write, args)
+	}
+	return rowCompareAccepted(tx.ExecContext(ctx, write+"\n; "+rowCompareCheck, append(args, rowCompareArgs(resource, t)...)...))
+}
+
+// BenchmarkGateRowCompare: the gate's transactions beside rowCompare's, in the same rounds, one
+// statement at a time and batched. Run with:
+// go test -run '^$' -bench GateRowCompare -benchtime 2s -count 3 ./backend/mysql/
+func BenchmarkGateRowCompare(b *testing.B) {
+	b.Run("batched=false", func(b *testing.B) { gatetest.BenchBeside(b, gateEngine, "rowcompare", newRowCompare(false)) })
+	b.Run("batched=true", func(b *testing.B) { gatetest.BenchBeside(b, batchedEngine, "rowcompare", newRowCompare(true)) })
 }
