@@ -222,6 +222,9 @@ func TestGateCounts(t *testing.T) {
 			rows := gatetest.Counts(t, s, &wire, 500, mariaStatus(db), threadCPU(t, db), map[string]func(context.Context, *gatetest.Service) (gatetest.Checker, error){
 				"floor-update": newFloorCheck(floorUpdate, batch),
 				"floor-select": newFloorCheck(floorSelect, batch),
+				"folded": func(_ context.Context, s *gatetest.Service) (gatetest.Checker, error) {
+					return folded{s.Gate}, nil
+				},
 			})
 			for _, r := range rows {
 				t.Log(r)
