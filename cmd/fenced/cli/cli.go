@@ -89,6 +89,9 @@ The schema is created on first use; "fenced migrate" does it explicitly.`,
 		a.serveCmd(), a.serveTokenCmd())
 	for _, c := range append(root.Commands(), root) {
 		if !c.Hidden {
+			if c.Long == "" { // cobra shows Long instead of Short
+				c.Long = c.Short + "."
+			}
 			c.Long += "\n\n" + exitCodesHelp
 		}
 	}
@@ -151,11 +154,16 @@ func (a *app) print(v any) error {
 }
 
 // oneResource accepts exactly one RESOURCE argument.
-func oneResource(cmd *cobra.Command, args []string) error {
-	if len(args) != 1 {
-		return fmt.Errorf("%s takes exactly one RESOURCE argument, got %d", cmd.Name(), len(args))
+var oneResource = oneArg("RESOURCE")
+
+// oneArg accepts exactly one argument, named in the error as name.
+func oneArg(name string) cobra.PositionalArgs {
+	return func(cmd *cobra.Command, args []string) error {
+		if len(args) != 1 {
+			return fmt.Errorf("%s takes exactly one %s argument, got %d", cmd.Name(), name, len(args))
+		}
+		return nil
 	}
-	return nil
 }
 
 func parseTTL(s string) (time.Duration, error) {

@@ -546,6 +546,37 @@ func TestHelp(t *testing.T) {
 	}
 }
 
+// A mistyped subcommand of a command that only groups others ("fenced epoch bumb" after a
+// restore) is a usage error, not its help with exit 0 that a script would take for a bump;
+// every positional-argument error names what is missing. Nothing touches the database.
+func TestArgumentErrors(t *testing.T) {
+	dir := t.TempDir()
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"epoch", "bumb"}, `unknown command "bumb" for "fenced epoch"`},
+		{[]string{"epoch"}, `"fenced epoch bump"`},
+		{[]string{"resolve"}, "resolve takes exactly one OP_ID argument, got 0"},
+		{[]string{"resolve", "a", "b"}, "resolve takes exactly one OP_ID argument, got 2"},
+		{[]string{"serve-token", "--role", "worker", "--prefix", "*"}, "serve-token takes exactly one NAME argument, got 0"},
+	} {
+		r := runIn(t, dir, "", nil, tc.args...)
+		if r.code != 2 || len(r.stdout) != 0 || !strings.Contains(r.stderr, tc.want) {
+			t.Errorf("fenced %s: exit %d, stdout %d bytes, stderr %q; want exit 2 and %q",
+				strings.Join(tc.args, " "), r.code, len(r.stdout), r.stderr, tc.want)
+			continue
+		}
+		checkSentence(t, r.stderr)
+	}
+	if r := runIn(t, dir, "", nil, "epoch", "--help"); r.code != 0 || !strings.HasPrefix(string(r.stdout), "Recovery epochs:") {
+		t.Errorf("epoch --help: exit %d, output starts %.40q; want its description first", r.code, r.stdout)
+	}
+	if _, err := os.Stat(filepath.Join(dir, "fenced.db")); err == nil {
+		t.Error("an argument error created a database")
+	}
+}
+
 func TestDemo(t *testing.T) {
 	start := time.Now()
 	r := runIn(t, t.TempDir(), "", nil, "demo")

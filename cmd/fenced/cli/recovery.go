@@ -1,6 +1,7 @@
 package cli
 
 import (
+	"errors"
 	"time"
 
 	"github.com/spf13/cobra"
@@ -20,7 +21,7 @@ that publication is refused. Use it after publish exited 6 (outcome unknown).
 
 --read-only records nothing: it prints the recorded outcome, or "unknown" when none is
 recorded yet (the publication may still arrive). A role granted --as reader may run it.`,
-		Args: cobra.ExactArgs(1),
+		Args: oneArg("OP_ID"),
 		RunE: a.run(func(cmd *cobra.Command, args []string) error {
 			s, err := a.open(cmd)
 			if err != nil {
@@ -55,7 +56,13 @@ func (a *app) epochCmd() *cobra.Command {
 	epoch := &cobra.Command{
 		Use:   "epoch",
 		Short: "Recovery epochs: run \"fenced epoch bump\" after a restore or a failover",
-		Args:  cobra.NoArgs,
+		// Runnable, so that cobra checks its arguments: a command with only subcommands prints
+		// its help and exits 0 for a mistyped one, and "fenced epoch bumb" after a restore
+		// would look like a bump that succeeded.
+		Args: cobra.NoArgs,
+		RunE: func(*cobra.Command, []string) error {
+			return errors.New(`epoch needs a subcommand: "fenced epoch bump"`)
+		},
 	}
 	epoch.AddCommand(&cobra.Command{
 		Use:   "bump",

@@ -187,7 +187,7 @@ func (a *app) serveTokenCmd() *cobra.Command {
 of "fenced serve", as JSON {"secret": ..., "line": ...}. The line holds only the secret's
 SHA-256, so the file reveals nothing; the secret is shown only now. A prefix limits the
 resources the token may act on ("*" for all; an admin token must have "*").`,
-		Args: cobra.ExactArgs(1),
+		Args: oneArg("NAME"),
 		RunE: a.run(func(cmd *cobra.Command, args []string) error {
 			var r server.Role
 			switch role {
