@@ -82,6 +82,25 @@ func TestRunFenceAzureBlob(t *testing.T) {
 	}
 }
 
+// A container that does not exist stops the run before the command, in one short sentence
+// naming Azure's answer, for both modes: not the SDK's framed dump of the request and response.
+func TestRunFenceAzureMissingContainer(t *testing.T) {
+	tg := runTarget(t)
+	_, params, env := azuriteFence(t)
+	for _, mode := range []string{"", "&mode=cas"} {
+		fence := "azblob://fenced-missing-container?" + params + mode
+		r := runEnv(t, tg, env, "run", "job", "--ttl", "30s", "--fence", fence, "--", "sh", "-c", "echo ran")
+		if r.code != 1 || len(r.stdout) != 0 {
+			t.Fatalf("run --fence %s: exit %d, stdout %q; want 1 and nothing run", fence, r.code, r.stdout)
+		}
+		checkSentence(t, r.stderr)
+		if !strings.Contains(r.stderr, "404 ContainerNotFound") || !strings.Contains(r.stderr, "create it first") ||
+			strings.Contains(r.stderr, "-----") || len(r.stderr) > 400 {
+			t.Errorf("run --fence %s: %q; want Azure's status and code in one short sentence", fence, r.stderr)
+		}
+	}
+}
+
 // run --fence with mode=cas on Azure, and gs:// on fake-gcs-server: the object's metadata holds
 // the acquisition's token before the command runs; an object already fenced by a newer token
 // stops the command (exit 5) and releases the lease.

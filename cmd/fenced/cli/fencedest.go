@@ -2,9 +2,12 @@ package cli
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net/url"
+	"strings"
 
+	"github.com/Azure/azure-sdk-for-go/sdk/azcore"
 	"github.com/Azure/azure-sdk-for-go/sdk/storage/azblob/container"
 	"gocloud.dev/blob"
 
@@ -55,14 +58,67 @@ func openFence(ctx context.Context, raw string) (f fenced.Fencer, release func()
 				closeBucket()
 				return nil, nil, fmt.Errorf("--fence %q: the Azure bucket exposes no container client", raw)
 			}
-			return azureblob.NewLeased(c, &azureblob.Options{Prefix: prefix}), closeBucket, nil
+			return azureTerseOwner{azureblob.NewLeased(c, &azureblob.Options{Prefix: prefix})}, closeBucket, nil
 		}
 		c, err := bucketcas.New(b, &bucketcas.Options{Prefix: prefix})
 		if err != nil {
 			closeBucket()
 			return nil, nil, usagef("--fence %q: %v", raw, err)
 		}
+		if u.Scheme == "azblob" {
+			return azureTerse{c}, closeBucket, nil
+		}
 		return c, closeBucket, nil
 	}
 	return nil, nil, usagef("invalid --fence %q: want %s", raw, fenceURLHelp)
+}
+
+// azureTerse and azureTerseOwner shorten the Azure SDK's errors: an *azcore.ResponseError
+// prints the whole request and response in a framed block of many lines, which the command
+// would squeeze into one unreadable sentence. The error chain is kept for errors.Is and As.
+type azureTerse struct{ f fenced.Fencer }
+
+func (a azureTerse) Fence(ctx context.Context, resource string, token fenced.Token) error {
+	return terseAzure(a.f.Fence(ctx, resource, token))
+}
+
+type azureTerseOwner struct{ f fenced.OwnerFencer }
+
+func (a azureTerseOwner) Fence(ctx context.Context, resource string, token fenced.Token) error {
+	return terseAzure(a.f.Fence(ctx, resource, token))
+}
+
+func (a azureTerseOwner) FenceOwner(ctx context.Context, resource, owner string, token fenced.Token) error {
+	return terseAzure(a.f.FenceOwner(ctx, resource, owner, token))
+}
+
+type terseError struct {
+	msg string
+	err error
+}
+
+func (e *terseError) Error() string { return e.msg }
+func (e *terseError) Unwrap() error { return e.err }
+
+// terseAzure replaces the text of an Azure response error inside err by its status, its
+// error code and the request, with a hint for a container that does not exist.
+func terseAzure(err error) error {
+	var re *azcore.ResponseError
+	if !errors.As(err, &re) {
+		return err
+	}
+	short := fmt.Sprintf("Azure answered %d %s", re.StatusCode, re.ErrorCode)
+	if r := re.RawResponse; r != nil && r.Request != nil {
+		short += fmt.Sprintf(" to %s %s", r.Request.Method, r.Request.URL.Redacted())
+	}
+	if re.ErrorCode == "ContainerNotFound" {
+		short += " (the container does not exist: create it first)"
+	}
+	msg := err.Error()
+	if full := re.Error(); strings.Contains(msg, full) {
+		msg = strings.Replace(msg, full, short, 1)
+	} else {
+		msg += " (" + short + ")"
+	}
+	return &terseError{msg: msg, err: err}
 }
