@@ -58,7 +58,7 @@ func openFence(ctx context.Context, raw string) (f fenced.Fencer, release func()
 				closeBucket()
 				return nil, nil, fmt.Errorf("--fence %q: the Azure bucket exposes no container client", raw)
 			}
-			return azureTerseOwner{azureblob.NewLeased(c, &azureblob.Options{Prefix: prefix})}, closeBucket, nil
+			return newAzureTerseOwner(azureblob.NewLeased(c, &azureblob.Options{Prefix: prefix})), closeBucket, nil
 		}
 		c, err := bucketcas.New(b, &bucketcas.Options{Prefix: prefix})
 		if err != nil {
@@ -82,14 +82,17 @@ func (a azureTerse) Fence(ctx context.Context, resource string, token fenced.Tok
 	return terseAzure(a.f.Fence(ctx, resource, token))
 }
 
-type azureTerseOwner struct{ f fenced.OwnerFencer }
+type azureTerseOwner struct {
+	azureTerse
+	o fenced.OwnerFencer
+}
 
-func (a azureTerseOwner) Fence(ctx context.Context, resource string, token fenced.Token) error {
-	return terseAzure(a.f.Fence(ctx, resource, token))
+func newAzureTerseOwner(f fenced.OwnerFencer) azureTerseOwner {
+	return azureTerseOwner{azureTerse{f}, f}
 }
 
 func (a azureTerseOwner) FenceOwner(ctx context.Context, resource, owner string, token fenced.Token) error {
-	return terseAzure(a.f.FenceOwner(ctx, resource, owner, token))
+	return terseAzure(a.o.FenceOwner(ctx, resource, owner, token))
 }
 
 type terseError struct {
