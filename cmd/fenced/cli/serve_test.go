@@ -228,6 +228,30 @@ func TestServeTLSAndTokens(t *testing.T) {
 			t.Fatal("show without a token succeeded")
 		}
 	}
+
+	// The command: a token the service refuses (401 unknown, 403 outside its prefixes or its
+	// role) is exit 1, one sentence naming the reason, as the exit-code table says.
+	cli := target{t: t, url: s.url, dir: dir}
+	env := []string{"SSL_CERT_FILE=" + certFile, "FENCED_API_TOKEN=" + tok.Secret}
+	if r := runEnv(t, cli, env, "acquire", "builds/ü 1", "--ttl", "30s"); r.code != 0 {
+		t.Fatalf("acquire with the worker's token: exit %d: %s", r.code, r.stderr)
+	}
+	for _, tc := range []struct {
+		env  []string
+		args []string
+		want string
+	}{
+		{env, []string{"acquire", "other", "--ttl", "30s"}, "outside its prefixes"},
+		{env, []string{"epoch", "bump"}, "needs admin"},
+		{[]string{"SSL_CERT_FILE=" + certFile, "FENCED_API_TOKEN=fenced_not-a-token"}, []string{"show", "builds/ü 1"}, "not in the tokens file"},
+	} {
+		r := runEnv(t, cli, tc.env, tc.args...)
+		if r.code != 1 || !strings.Contains(r.stderr, tc.want) {
+			t.Errorf("fenced %s: exit %d, stderr %q; want 1 and %q", strings.Join(tc.args, " "), r.code, r.stderr, tc.want)
+			continue
+		}
+		checkSentence(t, r.stderr)
+	}
 }
 
 func sqliteDriver(t *testing.T, path string) *sqlite.Driver {
