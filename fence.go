@@ -62,12 +62,13 @@ var ErrNotFenced = errors.New("destination not fenced")
 type FenceError struct {
 	Resource string
 	Token    Token
-	Index    int // position of the destination in the list given to Fence
+	Index    int // position of the destination in the list given to Fence, from 0
 	Err      error
 }
 
+// Error names the destination by its place in the list counting from 1, as a reader counts.
 func (e *FenceError) Error() string {
-	return fmt.Sprintf("fence %q with token %s at destination %d: %v", e.Resource, e.Token, e.Index, e.Err)
+	return fmt.Sprintf("fence %q with token %s at destination #%d: %v", e.Resource, e.Token, e.Index+1, e.Err)
 }
 
 func (e *FenceError) Unwrap() []error { return []error{ErrNotFenced, e.Err} }

@@ -220,8 +220,8 @@ func TestRunStopsWhenAFenceFails(t *testing.T) {
 			t.Errorf("%s: %v, want ErrNotFenced and %v", c.name, err, c.want)
 		}
 		var fe *fenced.FenceError
-		if errors.As(err, &fe) && fe.Index != 1 {
-			t.Errorf("%s: index %d", c.name, fe.Index)
+		if errors.As(err, &fe) && (fe.Index != 1 || !strings.Contains(err.Error(), "at destination #2: ")) {
+			t.Errorf("%s: index %d in %q; want the second destination", c.name, fe.Index, err)
 		}
 		if st, err := w.store.Show(ctx, fenceResource); err != nil || st.Held() {
 			t.Errorf("%s: the lease was not released: %+v %v", c.name, st, err)
