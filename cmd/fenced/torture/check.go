@@ -325,14 +325,14 @@ func (c *checker) linearizable(res string, ops []*Op, init state, timeout time.D
 			ir.Checked++
 		}
 	}
-	pops := porcupineOps(c.h, ops)
+	mops, searched := modelOps(ops)
 	// The linear search first (search.go); porcupine, whose memo is exact but quadratic, only
 	// to confirm and explain a history the search found illegal that no direct check flagged.
-	steps := searchStepsBase + searchStepsPerOp*len(pops)
+	steps := searchStepsBase + searchStepsPerOp*len(mops)
 	if flagged {
-		steps = flaggedStepsBase + flaggedStepsPerOp*len(pops)
+		steps = flaggedStepsBase + flaggedStepsPerOp*len(mops)
 	}
-	sr := search(pops, []state{init}, time.Now().Add(timeout), steps)
+	sr := searchModel(mops, []state{init}, time.Now().Add(timeout), steps)
 	c.r.SearchSteps += sr.steps
 	var why string
 	switch sr.verdict {
@@ -355,13 +355,13 @@ func (c *checker) linearizable(res string, ops []*Op, init state, timeout time.D
 	if flagged {
 		// Porcupine's nondeterministic model can take exponential time to prove what the
 		// search proved, and the resource already fails: the search's verdict is shown.
-		c.searchViolation(res, ops, pops, sr, "porcupine is not run where direct checks already found violations")
+		c.searchViolation(res, ops, searched, sr, "porcupine is not run where direct checks already found violations")
 		return
 	}
 	// The search was exhaustive: porcupine gets a short budget, for its exact memo, its
 	// culprit and its visualization.
 	confirm := min(timeout, flaggedCheckTimeout)
-	result, info := porcupine.CheckOperationsVerbose(model(init), pops, confirm)
+	result, info := porcupine.CheckOperationsVerbose(model(init), toPorcupine(mops, searched), confirm)
 	c.r.Linearizations[res] = info
 	switch result {
 	case porcupine.Ok:
@@ -370,7 +370,7 @@ func (c *checker) linearizable(res string, ops []*Op, init state, timeout time.D
 		ir.Note = addNote(ir.Note, "the linear search pruned an order porcupine found on "+res)
 		return
 	case porcupine.Unknown:
-		c.searchViolation(res, ops, pops, sr, fmt.Sprintf("porcupine did not finish within %s", confirm))
+		c.searchViolation(res, ops, searched, sr, fmt.Sprintf("porcupine did not finish within %s", confirm))
 		return
 	}
 	linearized := map[*Op]bool{}
@@ -421,10 +421,10 @@ func (c *checker) linearizable(res string, ops []*Op, init state, timeout time.D
 
 // searchViolation reports the search's illegal verdict on res without porcupine: the
 // operation at its deepest point, for the reason given (why).
-func (c *checker) searchViolation(res string, ops []*Op, pops []porcupine.Operation, sr searchResult, why string) {
+func (c *checker) searchViolation(res string, ops, searched []*Op, sr searchResult, why string) {
 	culprit := ops[0]
-	if sr.culprit >= 0 && pops[sr.culprit].Metadata.(*Op).Index >= 0 {
-		culprit = pops[sr.culprit].Metadata.(*Op)
+	if sr.culprit >= 0 && searched[sr.culprit].Index >= 0 {
+		culprit = searched[sr.culprit]
 	}
 	c.violate(InvLinearizable, res, fmt.Sprintf(
 		"no order of the operations explains #%d %s → %s (%d of the %d operations on %s could be ordered before it; "+

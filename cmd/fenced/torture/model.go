@@ -268,10 +268,17 @@ func after(st state, in input, out output) outcomes {
 	return outcomes{}
 }
 
-// porcupineOps converts the history's operations.
-func porcupineOps(h *History, ops []*Op) []porcupine.Operation {
-	ids := map[string]int{} // a small number per process, for porcupine's visualization
-	out := make([]porcupine.Operation, 0, len(ops))
+// modelOp is one operation as the model and the search read it.
+type modelOp struct {
+	in        input
+	out       output
+	call, ret int64
+}
+
+// modelOps converts the history's operations for the model, leaving out those that change
+// nothing whatever their outcome; searched[i] is the operation out[i] comes from.
+func modelOps(ops []*Op) (out []modelOp, searched []*Op) {
+	out, searched = make([]modelOp, 0, len(ops)), make([]*Op, 0, len(ops))
 	for _, op := range ops {
 		if op.Unknown() && (op.Read() || op.Kind == OpRenew) {
 			continue // whether or not it happened, it changed nothing: leaving it out saves search
@@ -295,12 +302,29 @@ func porcupineOps(h *History, ops []*Op) []porcupine.Operation {
 			in.Payload = ""
 			o.Pub, o.Payload = op.ReadPub, op.Payload
 		}
-		ret := op.Return // End for an unknown outcome, but for a dropped reply (Build)
+		// op.Return is End for an unknown outcome, but for a dropped reply (Build).
+		out = append(out, modelOp{in: in, out: o, call: op.Call, ret: op.Return})
+		searched = append(searched, op)
+	}
+	return out, searched
+}
+
+// porcupineOps converts the history's operations for porcupine.
+func porcupineOps(h *History, ops []*Op) []porcupine.Operation {
+	mops, searched := modelOps(ops)
+	return toPorcupine(mops, searched)
+}
+
+// toPorcupine is porcupine's form of modelOps' operations.
+func toPorcupine(mops []modelOp, searched []*Op) []porcupine.Operation {
+	ids := map[string]int{} // a small number per process, for porcupine's visualization
+	out := make([]porcupine.Operation, len(mops))
+	for i, m := range mops {
+		op := searched[i]
 		if _, ok := ids[op.Proc]; !ok {
 			ids[op.Proc] = len(ids)
 		}
-		out = append(out, porcupine.Operation{ClientId: ids[op.Proc], Input: in, Output: o,
-			Call: op.Call, Return: ret, Metadata: op})
+		out[i] = porcupine.Operation{ClientId: ids[op.Proc], Input: m.in, Output: m.out, Call: m.call, Return: m.ret, Metadata: op}
 	}
 	return out
 }

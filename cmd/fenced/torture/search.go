@@ -94,6 +94,17 @@ type event struct {
 // when 0): proving that no order exists may take time exponential in the number of operations
 // open at once, and a budget in steps bounds it whatever the machine's load.
 func search(ops []porcupine.Operation, init []state, deadline time.Time, maxSteps int) searchResult {
+	mops := make([]modelOp, len(ops))
+	for i, op := range ops {
+		mops[i] = modelOp{in: op.Input.(input), out: op.Output.(output), call: op.Call, ret: op.Return}
+	}
+	return searchModel(mops, init, deadline, maxSteps)
+}
+
+// searchModel is search on the operations as the model reads them, held by value in one
+// slice: the checker calls it directly, and makes porcupine's operations (an input and an
+// output boxed on the heap for each) only when porcupine has to run.
+func searchModel(ops []modelOp, init []state, deadline time.Time, maxSteps int) searchResult {
 	n := len(ops)
 	type stamp struct {
 		op  int
@@ -102,7 +113,7 @@ func search(ops []porcupine.Operation, init []state, deadline time.Time, maxStep
 	}
 	stamps := make([]stamp, 0, 2*n)
 	for i, op := range ops {
-		stamps = append(stamps, stamp{i, false, op.Call}, stamp{i, true, op.Return})
+		stamps = append(stamps, stamp{i, false, op.call}, stamp{i, true, op.ret})
 	}
 	slices.SortStableFunc(stamps, func(a, b stamp) int {
 		switch {
@@ -126,15 +137,15 @@ func search(ops []porcupine.Operation, init []state, deadline time.Time, maxStep
 	// (state, count taken) O(k), the generation moving with the count.
 	var maxCall, maxRet int64
 	for _, op := range ops {
-		maxCall = max(maxCall, op.Call)
-		if op.Output.(output).Out != OutUnknown {
-			maxRet = max(maxRet, op.Return)
+		maxCall = max(maxCall, op.call)
+		if op.out.Out != OutUnknown {
+			maxRet = max(maxRet, op.ret)
 		}
 	}
 	deferrable := make([]bool, n)
 	required := 0
 	for i, op := range ops {
-		deferrable[i] = op.Output.(output).Out == OutUnknown && op.Return >= maxRet && op.Return >= maxCall
+		deferrable[i] = op.out.Out == OutUnknown && op.ret >= maxRet && op.ret >= maxCall
 		if !deferrable[i] {
 			required++
 		}
@@ -155,7 +166,7 @@ func search(ops []porcupine.Operation, init []state, deadline time.Time, maxStep
 	inOwner := make([]int32, n)
 	var left []int32
 	for i, op := range ops {
-		in, out := op.Input.(input), op.Output.(output)
+		in, out := op.in, op.out
 		inOwner[i] = -1
 		for j, o := range [2]string{in.Owner, out.Owner} {
 			if o == "" {
@@ -220,8 +231,8 @@ func search(ops []porcupine.Operation, init []state, deadline time.Time, maxStep
 		for i := range byCall {
 			byCall[i] = i
 		}
-		if !sort.SliceIsSorted(byCall, func(a, b int) bool { return ops[byCall[a]].Call < ops[byCall[b]].Call }) {
-			sort.SliceStable(byCall, func(a, b int) bool { return ops[byCall[a]].Call < ops[byCall[b]].Call })
+		if !sort.SliceIsSorted(byCall, func(a, b int) bool { return ops[byCall[a]].call < ops[byCall[b]].call }) {
+			sort.SliceStable(byCall, func(a, b int) bool { return ops[byCall[a]].call < ops[byCall[b]].call })
 		}
 		// Only operations that return at the same instant as another can be twins: in a
 		// passing history, mostly those open to the end. The others stay out of the map.
@@ -237,12 +248,12 @@ func search(ops []porcupine.Operation, init []state, deadline time.Time, maxStep
 			if !sharedRet[i] {
 				continue
 			}
-			in, out := ops[i].Input.(input), ops[i].Output.(output)
+			in, out := ops[i].in, ops[i].out
 			if out.Owner != "" || (inOwner[i] >= 0 && (left[inOwner[i]] != 1 || initOwner[in.Owner])) {
 				continue // it names an owner something else names: no twin
 			}
 			in.Owner = ""
-			k := twinKey{in, out, ops[i].Return}
+			k := twinKey{in, out, ops[i].ret}
 			if j, ok := last[k]; ok {
 				prevTwin[i] = j
 			}
@@ -347,7 +358,7 @@ func search(ops []porcupine.Operation, init []state, deadline time.Time, maxStep
 	gives := make([]int32, n) // the owner an acquisition or a restore gives the lease to, or -1
 	enablers := make([]int32, len(left))
 	for i, op := range ops {
-		in := op.Input.(input)
+		in := op.in
 		gives[i] = -1
 		switch in.Kind {
 		case OpPublish, OpPublishRelease, OpRelease:
@@ -379,6 +390,10 @@ func search(ops []porcupine.Operation, init []state, deadline time.Time, maxStep
 	// resource's history: at a million operations, the map's probing missed the cache at
 	// every step (issue 13).
 	seen := map[key]struct{}{}
+	// seenSets holds the first hash of every set in seen: a step whose set is not in it
+	// cannot be in seen, and skips hashing its state (the owner's and the payload's bytes,
+	// which at a million operations missed the cache at every step).
+	seenSets := map[uint64]struct{}{}
 	// memoKey is the memo's key for st after the operations ordered (l1, l2): Zobrist hashes
 	// of the set, each combined with a hash of the state.
 	memoKey := func(l1, l2 uint64, st state) key {
@@ -392,15 +407,18 @@ func search(ops []porcupine.Operation, init []state, deadline time.Time, maxStep
 		mark  int // the undo log's length before
 	}
 	var calls []frame
+	// The initial states already searched from. They are kept apart from the memo: below the
+	// root the set ordered is never empty, so the search never meets them there.
+	initial := map[state]struct{}{}
 	res := searchResult{verdict: linearizable, culprit: -1}
 	for _, st := range init {
 		if dead(st.Owner) {
 			st.Owner = unobservable
 		}
-		if _, done := seen[memoKey(0, 0, st)]; done {
+		if _, done := initial[st]; done {
 			continue
 		}
-		seen[memoKey(0, 0, st)] = struct{}{}
+		initial[st] = struct{}{}
 		undoTo(0)
 		// Two passes over the operations that may go next: first those that must be ordered
 		// (the main list, up to its first return), then the deferrable ones taking effect
@@ -434,6 +452,7 @@ func search(ops []porcupine.Operation, init []state, deadline time.Time, maxStep
 				}
 				// Every way on from (the set ordered, st) has been tried: remember it.
 				seen[memoKey(lin1, lin2, st)] = struct{}{}
+				seenSets[lin1] = struct{}{}
 				top := calls[len(calls)-1]
 				calls = calls[:len(calls)-1]
 				cur, st, from, limit = top.e, top.state, top.alt+1, top.limit
@@ -466,8 +485,8 @@ func search(ops []porcupine.Operation, init []state, deadline time.Time, maxStep
 				continue
 			}
 			op := ops[e.op]
-			in := op.Input.(input)
-			nexts := after(st, in, op.Output.(output))
+			in := op.in
+			nexts := after(st, in, op.out)
 			descended := false
 			order(e.op, -1)
 			for a := from; a < nexts.n; a++ {
@@ -475,12 +494,18 @@ func search(ops []porcupine.Operation, init []state, deadline time.Time, maxStep
 				if deferrable[e.op] && next == st {
 					continue // not taking effect: ordered last
 				}
-				if dead(next.Owner) {
+				// The owner an acquisition gives is the operation's own, whose number is known.
+				if id := inOwner[e.op]; id >= 0 && next.Owner == in.Owner {
+					if left[id] == 0 {
+						next.Owner = unobservable
+					}
+				} else if dead(next.Owner) {
 					next.Owner = unobservable
 				}
-				k := memoKey(lin1^z1[e.op], lin2^z2[e.op], next)
-				if _, done := seen[k]; done {
-					continue
+				if _, maybe := seenSets[lin1^z1[e.op]]; maybe {
+					if _, done := seen[memoKey(lin1^z1[e.op], lin2^z2[e.op], next)]; done {
+						continue
+					}
 				}
 				lin1, lin2 = lin1^z1[e.op], lin2^z2[e.op]
 				ordered[e.op] = true
