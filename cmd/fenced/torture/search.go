@@ -158,16 +158,16 @@ func searchModel(ops []modelOp, init []state, deadline time.Time, maxSteps int) 
 	}
 	// Owners no operation left to order can tell apart (see unobservable) are replaced by one
 	// placeholder. mentions[i] are the owners operation i names (in its input, or in what a read
-	// returned); left counts, per owner, the operations naming it not yet ordered.
+	// returned; -1 for none, held in place: no allocation per operation); left counts, per owner, the operations naming it not yet ordered.
 	// inOwner[i] is the number of the owner operation i's input names, -1 for none: each
 	// owner's string is hashed once here, not again below.
 	ownerID := make(map[string]int32, n/2)
-	mentions := make([][]int32, n)
+	mentions := make([][2]int32, n)
 	inOwner := make([]int32, n)
 	var left []int32
 	for i, op := range ops {
 		in, out := op.in, op.out
-		inOwner[i] = -1
+		inOwner[i], mentions[i] = -1, [2]int32{-1, -1}
 		for j, o := range [2]string{in.Owner, out.Owner} {
 			if o == "" {
 				continue
@@ -181,8 +181,12 @@ func searchModel(ops []modelOp, init []state, deadline time.Time, maxSteps int) 
 			if j == 0 {
 				inOwner[i] = id
 			}
-			if len(mentions[i]) == 0 || mentions[i][0] != id {
-				mentions[i] = append(mentions[i], id)
+			switch m := &mentions[i]; {
+			case m[0] < 0:
+				m[0] = id
+				left[id]++
+			case m[0] != id:
+				m[1] = id
 				left[id]++
 			}
 		}
@@ -373,7 +377,9 @@ func searchModel(ops []modelOp, init []state, deadline time.Time, maxSteps int) 
 	ordered := make([]bool, n)
 	order := func(op int, delta int32) {
 		for _, id := range mentions[op] {
-			left[id] += delta
+			if id >= 0 {
+				left[id] += delta
+			}
 		}
 		if id := gives[op]; id >= 0 {
 			enablers[id] += delta
