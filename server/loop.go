@@ -269,12 +269,10 @@ func (l *loop) serve(r *http.Request) (keep, handed bool) {
 	if _, ok := w.header["Date"]; !ok { // as net/http: an origin server with a clock sends one
 		w.header["Date"] = l.dateNow()
 	}
-	resp := &http.Response{StatusCode: w.status, ProtoMajor: 1, ProtoMinor: 1, Header: w.header, Request: r,
-		ContentLength: int64(w.body.Len()), Body: io.NopCloser(&w.body), Close: !keep}
 	if l.writeTimeout > 0 {
 		_ = l.conn.SetWriteDeadline(time.Now().Add(l.writeTimeout))
 	}
-	if resp.Write(l.bw) != nil || l.bw.Flush() != nil {
+	if writeAnswer(l.bw, r, w.status, w.header, w.body.Bytes(), !keep) != nil || l.bw.Flush() != nil {
 		return false, false
 	}
 	return keep, false

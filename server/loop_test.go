@@ -407,3 +407,40 @@ func TestLoopWaiterHangsUpDuringAttempt(t *testing.T) {
 		`fenced_answers_total{operation="acquire",outcome="client-gone"}`: 1,
 	})
 }
+
+// A client on a looped connection that closes the connection itself while its waiting
+// acquisition is parked gives up its place: the waiter count drops, and at the holder's
+// release the lease is not granted to the gone client but left free for the next holder.
+func TestLoopWaiterClosesConnection(t *testing.T) {
+	ps := newParkedServiceWith(t, &server.Options{SyncConnections: true})
+	holder := ps.hold(t)
+	c, _ := loopedConn(t, ps.h.addr)
+	ps.event(t, "loop")
+	body := `{"ttl_ms":60000,"wait_ms":60000,"owner":"closing waiter ü"}`
+	if _, err := fmt.Fprintf(c, "POST /v1/resources/parked%%20wait%%20%%C3%%BC/acquire HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s",
+		len(body), body); err != nil {
+		t.Fatal(err)
+	}
+	ps.event(t, "parked") // the barrier: the waiter is parked before its client goes
+	ps.event(t, "loop-end")
+	if n := ps.metric(t, "fenced_waiters"); n != 1 {
+		t.Fatalf("fenced_waiters %v while one waits", n)
+	}
+	_ = c.Close()
+	ps.events2(t, "gone", "answered")
+	ps.metrics(t, map[string]float64{
+		"fenced_waiters": 0,
+		`fenced_wait_seconds_count{result="gone"}`:                        1,
+		`fenced_answers_total{operation="acquire",outcome="client-gone"}`: 1,
+	})
+	if err := holder.Release(testCtx(t)); err != nil {
+		t.Fatal(err)
+	}
+	next, err := ps.store.Acquire(testCtx(t), parkedResource, time.Minute)
+	if err != nil {
+		t.Fatalf("the next holder after the waiter left: %v", err)
+	}
+	if next.Generation() != holder.Generation()+1 {
+		t.Fatalf("the next holder has generation %d, want %d (nothing granted in between)", next.Generation(), holder.Generation()+1)
+	}
+}

@@ -232,10 +232,12 @@ func (d *Driver) do(ctx context.Context, op, method, path string, header http.He
 		return nil, driver.NotApplied(fmt.Errorf("%s: %w", op, errClosed))
 	}
 	target := d.prefix + path
-	var sent atomic.Bool
-	ctx = httptrace.WithClientTrace(ctx, &httptrace.ClientTrace{
-		GotConn: func(httptrace.GotConnInfo) { sent.Store(true) },
-	})
+	var sent atomic.Bool // a connection was chosen: from then on the outcome may be unknown
+	if d.sync == nil {
+		ctx = httptrace.WithClientTrace(ctx, &httptrace.ClientTrace{
+			GotConn: func(httptrace.GotConnInfo) { sent.Store(true) },
+		})
+	}
 	var rd io.Reader
 	if body != nil {
 		rd = bytes.NewReader(body)
@@ -252,7 +254,7 @@ func (d *Driver) do(ctx context.Context, op, method, path string, header http.He
 	}
 	var resp *http.Response
 	if d.sync != nil {
-		if resp, err = d.sync.RoundTrip(req); err != nil {
+		if resp, err = d.sync.roundTrip(req, &sent); err != nil {
 			// As http.Client reports it.
 			err = &url.Error{Op: method[:1] + strings.ToLower(method[1:]), URL: target, Err: err}
 		}

@@ -12,6 +12,7 @@ import (
 	"net/http"
 	"net/http/httptrace"
 	"sync"
+	"sync/atomic"
 	"time"
 )
 
@@ -138,6 +139,12 @@ func (t *syncTransport) put(c *syncConn) {
 var longAgo = time.Unix(1, 0)
 
 func (t *syncTransport) RoundTrip(req *http.Request) (*http.Response, error) {
+	return t.roundTrip(req, nil)
+}
+
+// roundTrip is RoundTrip that also sets sent, when not nil, where it reports GotConn: the
+// driver learns so without httptrace, whose context and hooks cost allocations per request.
+func (t *syncTransport) roundTrip(req *http.Request, sent *atomic.Bool) (*http.Response, error) {
 	ctx := req.Context()
 	closeBody := func() {
 		if req.Body != nil {
@@ -165,6 +172,9 @@ func (t *syncTransport) RoundTrip(req *http.Request) (*http.Response, error) {
 		// A service with SyncConnections then serves the connection on one goroutine too.
 		req = req.Clone(ctx)
 		req.Header.Set(headerSyncConnection, "sync")
+	}
+	if sent != nil {
+		sent.Store(true)
 	}
 	if trace := httptrace.ContextClientTrace(ctx); trace != nil && trace.GotConn != nil {
 		trace.GotConn(httptrace.GotConnInfo{Conn: c.Conn, Reused: reused})
