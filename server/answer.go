@@ -95,7 +95,8 @@ func plainAnswer(r *http.Request, status int, h http.Header, body []byte) bool {
 func tokenOnly(s string) bool {
 	for i := 0; i < len(s); i++ {
 		c := s[i]
-		if !('a' <= c && c <= 'z' || 'A' <= c && c <= 'Z' || '0' <= c && c <= '9' || c == '-') {
+		letter := 'a' <= c && c <= 'z' || 'A' <= c && c <= 'Z'
+		if !letter && (c < '0' || c > '9') && c != '-' {
 			return false
 		}
 	}
