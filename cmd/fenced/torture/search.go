@@ -158,7 +158,8 @@ func searchModel(ops []modelOp, init []state, deadline time.Time, maxSteps int) 
 	}
 	// Owners no operation left to order can tell apart (see unobservable) are replaced by one
 	// placeholder. mentions[i] are the owners operation i names (in its input, or in what a read
-	// returned; -1 for none, held in place: no allocation per operation); left counts, per owner, the operations naming it not yet ordered.
+	// returned; -1 for none, held in place: no allocation per operation); left counts, per
+	// owner, the operations naming it not yet ordered.
 	// inOwner[i] is the number of the owner operation i's input names, -1 for none: each
 	// owner's string is hashed once here, not again below.
 	ownerID := make(map[string]int32, n/2)
