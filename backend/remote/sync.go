@@ -18,6 +18,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/fenced-dev/fenced/internal/peek"
 	"github.com/fenced-dev/fenced/internal/plainhttp"
 )
 
@@ -47,7 +48,7 @@ type syncTransport struct {
 
 type syncConn struct {
 	net.Conn
-	tcp   net.Conn // the TCP connection under TLS, for the liveness check
+	alive *peek.Peeker // of the TCP connection under TLS, for the liveness check
 	br    *bufio.Reader
 	bw    *bufio.Writer
 	since time.Time // idle since
@@ -102,7 +103,7 @@ func (t *syncTransport) get(ctx context.Context, addr, host string) (*syncConn, 
 		if c == nil {
 			break
 		}
-		if time.Since(c.since) < t.idleFor && c.br.Buffered() == 0 && idleAlive(c.tcp) {
+		if time.Since(c.since) < t.idleFor && c.br.Buffered() == 0 && idleAlive(c.alive) {
 			return c, true, nil
 		}
 		_ = c.Close()
@@ -125,7 +126,7 @@ func (t *syncTransport) get(ctx context.Context, addr, host string) (*syncConn, 
 		}
 		conn = tc
 	}
-	return &syncConn{Conn: conn, tcp: raw, br: bufio.NewReader(conn), bw: bufio.NewWriter(conn)}, false, nil
+	return &syncConn{Conn: conn, alive: peek.NewPeeker(raw), br: bufio.NewReader(conn), bw: bufio.NewWriter(conn)}, false, nil
 }
 
 func (t *syncTransport) put(c *syncConn) {
