@@ -7,6 +7,8 @@ import (
 	"net/http"
 	"slices"
 	"strings"
+
+	"github.com/fenced-dev/fenced/internal/plainhttp"
 )
 
 // writeAnswer writes a looped request's answer. The service's usual answer (a body, a status
@@ -79,25 +81,13 @@ func plainAnswer(r *http.Request, status int, h http.Header, body []byte) bool {
 		case "Content-Length", "Transfer-Encoding", "Trailer", "Connection":
 			return false
 		}
-		if k == "" || !tokenOnly(k) {
+		if k == "" || !plainhttp.TokenOnly(k) {
 			return false
 		}
 		for _, v := range vs {
 			if strings.ContainsAny(v, "\r\n") || v != strings.Trim(v, " \t") {
 				return false
 			}
-		}
-	}
-	return true
-}
-
-// tokenOnly reports whether s holds only letters, digits and '-'.
-func tokenOnly(s string) bool {
-	for i := 0; i < len(s); i++ {
-		c := s[i]
-		letter := 'a' <= c && c <= 'z' || 'A' <= c && c <= 'Z'
-		if !letter && (c < '0' || c > '9') && c != '-' {
-			return false
 		}
 	}
 	return true

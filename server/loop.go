@@ -156,8 +156,13 @@ func (l *loop) run(first *http.Request) {
 			_ = l.conn.Close() // the client hung up, the idle time ran out, or the service stops
 			return
 		}
-		_ = l.conn.SetReadDeadline(time.Now().Add(l.headerTimeout))
-		req, err = http.ReadRequest(l.br)
+		// The usual request, already read in full, is parsed without http.ReadRequest's costs.
+		var plain bool
+		req, plain = readPlainRequest(l.br, l.maxHeader+4096)
+		if !plain {
+			_ = l.conn.SetReadDeadline(time.Now().Add(l.headerTimeout))
+			req, err = http.ReadRequest(l.br)
+		}
 		l.src.N = math.MaxInt64 // the body is bounded by its handler
 		if err != nil {
 			l.refuse(err)

@@ -246,9 +246,16 @@ func (s *Server) mutationContext(r *http.Request) (context.Context, context.Canc
 	return context.WithTimeout(context.WithoutCancel(r.Context()), s.opts.MutationTimeout)
 }
 
+// Header values shared by every answer that has them: handlers and writers replace a
+// header's values, never write into them.
+var (
+	valueJSON    = []string{"application/json"}
+	valueNoStore = []string{"no-store"}
+)
+
 func writeJSON(w http.ResponseWriter, status int, v any) {
-	w.Header().Set("Content-Type", "application/json")
-	w.Header().Set("Cache-Control", "no-store")
+	h := w.Header()
+	h["Content-Type"], h["Cache-Control"] = valueJSON, valueNoStore
 	w.WriteHeader(status)
 	_ = json.NewEncoder(w).Encode(v)
 }

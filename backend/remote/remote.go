@@ -16,7 +16,8 @@
 // written; mutations carry no Idempotency-Key header, so it never replays one that was.
 //
 // The package has no server of its own to test against; its tests, the conformance suite run
-// through a service included, live in the server module (server/*_test.go).
+// through a service included, live in the server module (server/*_test.go). Only the
+// comparison of its hand-written HTTP with net/http's (plain_test.go) is here.
 package remote
 
 import (
@@ -28,6 +29,7 @@ import (
 	"fmt"
 	"io"
 	"math"
+	"net"
 	"net/http"
 	"net/http/httptrace"
 	"net/url"
@@ -78,10 +80,15 @@ type Driver struct {
 	// sync is the driver's own SyncTransport, called without http.Client, whose redirect,
 	// cookie and timeout handling the driver does not use (a redirect is never followed);
 	// nil otherwise.
-	sync   *syncTransport
-	token  string
-	own    interface{ CloseIdleConnections() } // closed by Close; nil when the caller gave the client
-	maxPay atomic.Int64
+	sync *syncTransport
+	// plain says that sync writes the driver's requests itself (plainShape), to addr, for
+	// hostname, each path after plainBase (the URL's path as written, without a trailing
+	// slash).
+	plain                     bool
+	addr, hostname, plainBase string
+	token                     string
+	own                       interface{ CloseIdleConnections() } // closed by Close; nil when the caller gave the client
+	maxPay                    atomic.Int64
 	// maxWait is the service's limit on one wait (from /v1/info), 0 until asked.
 	maxWait atomic.Int64
 	closed  atomic.Bool
@@ -130,6 +137,21 @@ func Open(rawURL string, opts *Options) (*Driver, error) {
 		}
 		st := newSyncTransport(o.TLS, u.Scheme == "https")
 		d.own, d.sync = st, st
+		d.hostname = u.Hostname()
+		port := u.Port()
+		switch {
+		case port != "":
+		case u.Scheme == "https":
+			port = "443"
+		default:
+			port = "80"
+		}
+		d.addr = net.JoinHostPort(d.hostname, port)
+		d.plainBase = strings.TrimSuffix(u.EscapedPath(), "/")
+		// The request target is the path as written, as net/http would send it.
+		if t, err := url.Parse(d.prefix + "/v1/x"); err == nil && t.RequestURI() == d.plainBase+"/v1/x" && plainHost(u.Host) {
+			d.plain = true
+		}
 		d.client = &http.Client{Transport: st}
 	}
 	if d.client == nil {
@@ -231,13 +253,24 @@ func (d *Driver) do(ctx context.Context, op, method, path string, header http.He
 	if d.closed.Load() {
 		return nil, driver.NotApplied(fmt.Errorf("%s: %w", op, errClosed))
 	}
-	target := d.prefix + path
 	var sent atomic.Bool // a connection was chosen: from then on the outcome may be unknown
 	if d.sync == nil {
 		ctx = httptrace.WithClientTrace(ctx, &httptrace.ClientTrace{
 			GotConn: func(httptrace.GotConnInfo) { sent.Store(true) },
 		})
 	}
+	if p, ok := d.plainRequest(method, path, header, body); ok {
+		a, err := d.sync.roundTripPlain(ctx, &p, &sent)
+		if err != nil {
+			err = fmt.Errorf("%s: %w", op, &url.Error{Op: method[:1] + strings.ToLower(method[1:]), URL: d.prefix + path, Err: err})
+			if !sent.Load() {
+				return nil, driver.NotApplied(err)
+			}
+			return nil, err
+		}
+		return d.reply(a.status, a.header, a.body), nil
+	}
+	target := d.prefix + path
 	var rd io.Reader
 	if body != nil {
 		rd = bytes.NewReader(body)
@@ -275,27 +308,47 @@ func (d *Driver) do(ctx context.Context, op, method, path string, header http.He
 	} else if b, err = io.ReadAll(resp.Body); err != nil {
 		return nil, fmt.Errorf("%s: reading the answer: %w", op, err)
 	}
-	r := &reply{status: resp.StatusCode, header: resp.Header, body: b}
-	if resp.StatusCode >= 300 && strings.HasPrefix(resp.Header.Get("Content-Type"), "application/problem+json") {
+	return d.reply(resp.StatusCode, resp.Header, b), nil
+}
+
+// reply is an answer read in full, its problem body decoded.
+func (d *Driver) reply(status int, h http.Header, b []byte) *reply {
+	r := &reply{status: status, header: h, body: b}
+	if status >= 300 && strings.HasPrefix(h.Get("Content-Type"), "application/problem+json") {
 		var p problem
 		if json.Unmarshal(b, &p) == nil && p.Type != "" {
 			r.prob = &p
 		}
 	}
-	return r, nil
+	return r
 }
 
-func (d *Driver) doJSON(ctx context.Context, op, method, path string, in any) (*reply, error) {
-	var body []byte
-	h := http.Header{}
-	if in != nil {
-		var err error
-		if body, err = json.Marshal(in); err != nil {
-			return nil, driver.NotApplied(fmt.Errorf("%s: %w", op, err))
-		}
-		h.Set("Content-Type", "application/json")
+// plainRequest is the request for d's SyncTransport to write itself, if it may.
+func (d *Driver) plainRequest(method, path string, header http.Header, body []byte) (plainRequest, bool) {
+	if !d.plain {
+		return plainRequest{}, false
 	}
-	return d.do(ctx, op, method, path, h, body)
+	p := plainRequest{addr: d.addr, name: d.hostname, method: method, host: d.base.Host,
+		target: d.plainBase + path, header: header, token: d.token, body: body}
+	return p, plainShape(&p)
+}
+
+// jsonHeader and noHeader are the headers of requests with and without a JSON body, shared
+// by all of them: nothing writes to a request's header after it is built.
+var (
+	jsonHeader = http.Header{"Content-Type": {"application/json"}}
+	noHeader   = http.Header{}
+)
+
+func (d *Driver) doJSON(ctx context.Context, op, method, path string, in any) (*reply, error) {
+	if in == nil {
+		return d.do(ctx, op, method, path, noHeader, nil)
+	}
+	body, err := json.Marshal(in)
+	if err != nil {
+		return nil, driver.NotApplied(fmt.Errorf("%s: %w", op, err))
+	}
+	return d.do(ctx, op, method, path, jsonHeader, body)
 }
 
 func decode(op string, r *reply, v any) error {
@@ -376,7 +429,7 @@ type lease struct {
 }
 
 func (d *Driver) Acquire(ctx context.Context, resource, owner string, ttl time.Duration) (driver.Grant, error) {
-	return d.acquire(ctx, "acquire", resource, map[string]any{"ttl_ms": ms(ttl), "owner": owner})
+	return d.acquire(ctx, "acquire", resource, acquireBody{Owner: owner, TTL: ms(ttl)})
 }
 
 // AcquireWait sends the acquisition with wait_ms, so that the service waits for the resource
@@ -392,10 +445,17 @@ func (d *Driver) AcquireWait(ctx context.Context, resource, owner string, ttl, w
 		limit = time.Duration(d.maxWait.Load())
 	}
 	wait = max(min(wait, limit), time.Millisecond)
-	return d.acquire(ctx, "acquire with wait", resource, map[string]any{"ttl_ms": ms(ttl), "owner": owner, "wait_ms": ms(wait)})
+	return d.acquire(ctx, "acquire with wait", resource, acquireBody{Owner: owner, TTL: ms(ttl), Wait: ms(wait)})
 }
 
-func (d *Driver) acquire(ctx context.Context, op, resource string, body map[string]any) (driver.Grant, error) {
+// acquireBody is an acquisition's JSON body; wait_ms is left out when 0 (never sent as 0).
+type acquireBody struct {
+	Owner string  `json:"owner"`
+	TTL   float64 `json:"ttl_ms"`
+	Wait  float64 `json:"wait_ms,omitempty"`
+}
+
+func (d *Driver) acquire(ctx context.Context, op, resource string, body acquireBody) (driver.Grant, error) {
 	r, err := d.doJSON(ctx, op, http.MethodPost, "/v1/resources/"+escape(resource)+"/acquire", body)
 	if err != nil {
 		return driver.Grant{}, err
@@ -448,13 +508,12 @@ func (d *Driver) Renew(ctx context.Context, l driver.LeaseRef, ttl time.Duration
 }
 
 func (d *Driver) publish(ctx context.Context, op, verb string, l driver.LeaseRef, pub driver.Publication) (bool, error) {
-	h := http.Header{}
-	h.Set("Content-Type", "application/octet-stream")
-	h.Set("Fenced-Owner", url.PathEscape(l.Owner)) // any UTF-8; the header is percent-encoded
-	h.Set("Fenced-Token", fmt.Sprintf("%d.%d", l.Epoch, l.Generation))
-	h.Set("Fenced-Op-Id", pub.OpID)
+	// One array holds the values (any UTF-8 owner is percent-encoded).
+	v := [...]string{"application/octet-stream", url.PathEscape(l.Owner), fmt.Sprintf("%d.%d", l.Epoch, l.Generation), pub.OpID, ""}
+	h := http.Header{"Content-Type": v[0:1:1], "Fenced-Owner": v[1:2:2], "Fenced-Token": v[2:3:3], "Fenced-Op-Id": v[3:4:4]}
 	if pub.SourceVersion > 0 {
-		h.Set("Fenced-Source-Version", strconv.FormatInt(pub.SourceVersion, 10))
+		v[4] = strconv.FormatInt(pub.SourceVersion, 10)
+		h["Fenced-Source-Version"] = v[4:5:5]
 	}
 	payload := pub.Payload
 	if payload == nil {
