@@ -103,7 +103,7 @@ func TestUnfencedControlCheckIsBounded(t *testing.T) {
 	}
 	h := Build(recs, 0)
 	const stale = "torture-t6tvaq-11"
-	pops := porcupineOps(h, withSelfBumps(h.Ops, selfBumps(h), stale))
+	pops := porcupineOps(withSelfBumps(h.Ops, selfBumps(h), stale))
 	bound := flaggedStepsBase + flaggedStepsPerOp*len(pops)
 	if r := search(pops, []state{{}}, time.Now().Add(time.Minute), 0); r.verdict != illegal || r.steps <= bound {
 		t.Fatalf("unbounded, the search gives verdict %d after %d steps: the bound of %d shows nothing", r.verdict, r.steps, bound)

@@ -310,7 +310,7 @@ func modelOps(ops []*Op) (out []modelOp, searched []*Op) {
 }
 
 // porcupineOps converts the history's operations for porcupine.
-func porcupineOps(h *History, ops []*Op) []porcupine.Operation {
+func porcupineOps(ops []*Op) []porcupine.Operation {
 	mops, searched := modelOps(ops)
 	return toPorcupine(mops, searched)
 }

@@ -63,7 +63,7 @@ func TestSearchAgreesWithPorcupine(t *testing.T) {
 			byRes[op.Resource] = append(byRes[op.Resource], op)
 		}
 		for res, ops := range byRes {
-			pops := porcupineOps(h, ops)
+			pops := porcupineOps(ops)
 			want := porcupine.CheckOperations(model(state{}), pops)
 			got := search(pops, []state{{}}, time.Now().Add(time.Minute), 0)
 			if got.verdict == timedOut {
@@ -87,7 +87,7 @@ func TestSearchAgreesWithPorcupine(t *testing.T) {
 // operation that returned before its call.
 func TestSearchOrderReplays(t *testing.T) {
 	h := Build(synthetic(5_000, 8, 1, 200, 3), 0)
-	pops := porcupineOps(h, h.Ops)
+	pops := porcupineOps(h.Ops)
 	r := search(pops, []state{{}}, time.Now().Add(time.Minute), 0)
 	if r.verdict != linearizable || len(r.order) != len(pops) {
 		t.Fatalf("verdict %v, order of %d of %d operations", r.verdict, len(r.order), len(pops))
@@ -329,7 +329,7 @@ func TestUnknownPublicationWaitsForARestore(t *testing.T) {
 func TestMemoHoldsExhaustedPairsOnly(t *testing.T) {
 	run := func(recs []Record) searchResult {
 		h := Build(recs, 0)
-		return search(porcupineOps(h, h.Ops), []state{{}}, time.Now().Add(time.Minute), 0)
+		return search(porcupineOps(h.Ops), []state{{}}, time.Now().Add(time.Minute), 0)
 	}
 	if r := run(synthetic(5_000, 8, 1, 0, 3)); r.verdict != linearizable || r.steps != 5_001 || r.memo > 1 {
 		t.Errorf("no unknown outcome: verdict %v, %d steps, %d pairs in the memo; want linearizable, 5001, at most 1", r.verdict, r.steps, r.memo)
