@@ -53,7 +53,7 @@ func (s *Store) AcquireWait(ctx context.Context, resource string, ttl time.Durat
 	if _, err := s.margin(ttl); err != nil {
 		return nil, err
 	}
-	var o waitOptions
+	o := waitOptions{start: time.Now()}
 	for _, opt := range opts {
 		opt(&o)
 	}
@@ -141,7 +141,7 @@ func (s *Store) acquireWaitTurn(ctx context.Context, resource string, ttl time.D
 		select {
 		case <-ctx.Done():
 			t.Stop()
-			return nil, fmt.Errorf("%w (gave up waiting: %w)", busy, ctx.Err())
+			return nil, gaveUp(busy, o.start, ctx.Err())
 		case <-w.wake:
 			t.Stop()
 			poll = s.cfg.WaitPollMin
@@ -157,6 +157,7 @@ func (s *Store) acquireWaitTurn(ctx context.Context, resource string, ttl time.D
 type WaitOption func(*waitOptions)
 
 type waitOptions struct {
+	start     time.Time // when AcquireWait was called
 	onWaiting func()
 	owner     string
 }
@@ -278,7 +279,7 @@ func (s *Store) acquireWaitInEngine(ctx context.Context, resource string, ttl ti
 			if busy == nil {
 				return nil, fmt.Errorf("acquire %q: not sent: %w", resource, err)
 			}
-			return nil, fmt.Errorf("%w (gave up waiting: %w)", busy, err)
+			return nil, gaveUp(busy, o.start, err)
 		}
 		wait := maxEngineWait
 		if dl, ok := ctx.Deadline(); ok {
@@ -370,3 +371,27 @@ func (q *waitQueues) releasedAll() {
 		}
 	}
 }
+
+// gaveUpError ends a wait that ctx cut short while the lease was still held: busy, with how
+// long the caller waited. It matches ErrBusy (and the *BusyError, with errors.As) and ctx's error.
+type gaveUpError struct {
+	busy   *BusyError
+	waited time.Duration
+	ctxErr error
+}
+
+func gaveUp(busy *BusyError, start time.Time, ctxErr error) error {
+	return &gaveUpError{busy: busy, waited: time.Since(start), ctxErr: ctxErr}
+}
+
+func (e *gaveUpError) Error() string {
+	waited := e.waited.Round(time.Millisecond)
+	if e.waited >= time.Second {
+		waited = e.waited.Round(100 * time.Millisecond)
+	}
+	held := Token{Epoch: e.busy.Token.Epoch, Generation: e.busy.Generation}
+	return fmt.Sprintf("gave up waiting for %q after %s: %s is still held, until %s by the database's clock",
+		e.busy.Resource, waited, held.lease(), e.busy.LeaseUntil.UTC().Format(time.RFC3339Nano))
+}
+
+func (e *gaveUpError) Unwrap() []error { return []error{e.busy, e.ctxErr} }

@@ -29,7 +29,12 @@ func TestAcquireWait(t *testing.T) {
 		if err := json.Unmarshal(tg.ok(nil, "acquire", res, "--ttl", "1h"), &long); err != nil {
 			t.Fatal(err)
 		}
-		tg.fails(cli.ExitBusy, nil, "acquire", res, "--ttl", "1m", "--wait", "300ms")
+		// The sentence says what was waited for, how long, and the lease that is still held.
+		msg := tg.fails(cli.ExitBusy, nil, "acquire", res, "--ttl", "1m", "--wait", "300ms")
+		if want := fmt.Sprintf("fenced: gave up waiting for %q after ", res); !strings.HasPrefix(msg, want) ||
+			!strings.Contains(msg, ": lease "+long.Token+" is still held, until ") {
+			t.Errorf("gave up: %q, want it to start %q and name lease %s", msg, want, long.Token)
+		}
 		tg.fails(cli.ExitUsage, nil, "acquire", res, "--ttl", "1m", "--wait", "-1s")
 		tg.ok(nil, leaseArgs("release", res, long)...)
 
