@@ -327,6 +327,7 @@ func (l *Lease) Release(ctx context.Context) error {
 
 // mutationError classifies a driver error from a mutation: certainly not applied, or unknown.
 func mutationError(op, resource string, err error, fill func(*OutcomeUnknownError)) error {
+	var perm *driver.PermissionError
 	what := op
 	if resource != "" {
 		what = fmt.Sprintf("%s %q", op, resource)
@@ -336,7 +337,7 @@ func mutationError(op, resource string, err error, fill func(*OutcomeUnknownErro
 		return incarnationError(op, resource, err)
 	case errors.Is(err, driver.ErrReadOnly):
 		return fmt.Errorf("%s: %w", what, err)
-	case errors.Is(err, driver.ErrPermission): // its text names the operation and the role
+	case errors.As(err, &perm): // its text names the operation and the role
 		return err
 	case errors.Is(err, driver.ErrNotApplied):
 		return fmt.Errorf("%s failed, nothing changed: %w", what, err)

@@ -900,11 +900,11 @@ func (d *Driver) BumpEpoch(ctx context.Context) (int64, error) {
 		}
 		cur := kv(resp, 0)
 		if cur == nil {
-			return 0, driver.NotApplied(fmt.Errorf("bump epoch: %w", errNoEpoch))
+			return 0, driver.NotApplied(errNoEpoch)
 		}
 		epoch, err := decodeGen(cur.value)
 		if err != nil {
-			return 0, driver.NotApplied(fmt.Errorf("bump epoch: %w", err))
+			return 0, driver.NotApplied(fmt.Errorf("the stored epoch: %w", err))
 		}
 		next := max(epoch+1, epochClock())
 		resp, err = d.txn(ctx, "bump epoch",
@@ -917,7 +917,7 @@ func (d *Driver) BumpEpoch(ctx context.Context) (int64, error) {
 			return next, nil
 		}
 	}
-	return 0, driver.NotApplied(fmt.Errorf("bump epoch: lost %d races in a row to other bumps", bumpAttempts))
+	return 0, driver.NotApplied(fmt.Errorf("lost %d races in a row to other bumps", bumpAttempts))
 }
 
 // pruneBatch bounds the keys one prune Txn deletes, below etcd's default --max-txn-ops (128;

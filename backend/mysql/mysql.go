@@ -451,7 +451,7 @@ func (d *Driver) BumpEpoch(ctx context.Context) (int64, error) {
 		return 0, err
 	}
 	if matched != 1 || epoch < 1 {
-		return 0, fmt.Errorf("bump epoch: fenced_meta has no epoch row (matched %d); run Migrate", matched)
+		return 0, fmt.Errorf("fenced_meta has no epoch row (matched %d); run Migrate", matched)
 	}
 	return epoch, nil
 }

@@ -36,6 +36,7 @@ import (
 	"strconv"
 	"strings"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	"github.com/fenced-dev/fenced/driver"
@@ -50,6 +51,7 @@ const (
 	typeReadOnly           = "urn:fenced:problem:read-only"
 	typeIncarnationChanged = "urn:fenced:problem:incarnation-changed"
 	typePermissionDenied   = "urn:fenced:problem:permission-denied"
+	typeForbidden          = "urn:fenced:problem:forbidden"
 )
 
 // Options configures Open. Nil means the defaults.
@@ -215,21 +217,37 @@ type reply struct {
 	prob   *problem // set when the body is application/problem+json
 }
 
-func (r *reply) err(op string) error {
+// err words an answer that is not the operation's success. It does not name the operation:
+// the caller (fenced.Store) does, as it does for every driver.
+func (r *reply) err() error {
 	if r.prob == nil {
-		return fmt.Errorf("%s: the service answered %d without a problem body", op, r.status)
+		return fmt.Errorf("the service answered %d without a problem body", r.status)
 	}
 	msg := r.prob.Detail
 	if msg == "" {
 		msg = r.prob.Type
 	}
-	return fmt.Errorf("%s: the service answered %d: %s", op, r.status, msg)
+	err := fmt.Errorf("the service answered %d: %s", r.status, msg)
+	if r.prob.Type == typeForbidden {
+		return &forbiddenError{err: err}
+	}
+	return err
+}
+
+// forbiddenError is the service's refusal of a request to the bearer token presented (its
+// role or its prefixes do not cover it): permission denied, as a database's refusal to its
+// role is, and nothing changed. Its text is the service's, without the operation's name.
+type forbiddenError struct{ err error }
+
+func (e *forbiddenError) Error() string { return e.err.Error() }
+func (e *forbiddenError) Unwrap() []error {
+	return []error{driver.ErrPermission, driver.ErrNotApplied, e.err}
 }
 
 // mutationErr classifies a failed mutation's answer: certain when the service says nothing
 // changed, unknown otherwise.
-func (r *reply) mutationErr(op string) error {
-	err := r.err(op)
+func (r *reply) mutationErr() error {
+	err := r.err()
 	if r.prob == nil {
 		return err
 	}
@@ -249,9 +267,9 @@ func (r *reply) mutationErr(op string) error {
 
 // do sends one request and reads the whole answer. A transport error is reported as not
 // applied only when no connection had been obtained for the request, so nothing was sent.
-func (d *Driver) do(ctx context.Context, op, method, path string, header http.Header, body []byte) (*reply, error) {
+func (d *Driver) do(ctx context.Context, method, path string, header http.Header, body []byte) (*reply, error) {
 	if d.closed.Load() {
-		return nil, driver.NotApplied(fmt.Errorf("%s: %w", op, errClosed))
+		return nil, driver.NotApplied(errClosed)
 	}
 	var sent atomic.Bool // a connection was chosen: from then on the outcome may be unknown
 	if d.sync == nil {
@@ -262,9 +280,9 @@ func (d *Driver) do(ctx context.Context, op, method, path string, header http.He
 	if p, ok := d.plainRequest(method, path, header, body); ok {
 		a, err := d.sync.roundTripPlain(ctx, &p, &sent)
 		if err != nil {
-			err = fmt.Errorf("%s: %w", op, &url.Error{Op: method[:1] + strings.ToLower(method[1:]), URL: d.prefix + path, Err: err})
+			err = &url.Error{Op: method[:1] + strings.ToLower(method[1:]), URL: d.prefix + path, Err: err}
 			if !sent.Load() {
-				return nil, driver.NotApplied(err)
+				return nil, driver.NotApplied(d.unreachable(err))
 			}
 			return nil, err
 		}
@@ -277,7 +295,7 @@ func (d *Driver) do(ctx context.Context, op, method, path string, header http.He
 	}
 	req, err := http.NewRequestWithContext(ctx, method, target, rd)
 	if err != nil {
-		return nil, driver.NotApplied(fmt.Errorf("%s: %w", op, err))
+		return nil, driver.NotApplied(err)
 	}
 	for k, v := range header {
 		req.Header[k] = v
@@ -295,9 +313,8 @@ func (d *Driver) do(ctx context.Context, op, method, path string, header http.He
 		resp, err = d.client.Do(req)
 	}
 	if err != nil {
-		err = fmt.Errorf("%s: %w", op, err)
 		if !sent.Load() {
-			return nil, driver.NotApplied(err)
+			return nil, driver.NotApplied(d.unreachable(err))
 		}
 		return nil, err
 	}
@@ -306,7 +323,7 @@ func (d *Driver) do(ctx context.Context, op, method, path string, header http.He
 	if rb, ok := resp.Body.(*readBody); ok {
 		b = rb.b
 	} else if b, err = io.ReadAll(resp.Body); err != nil {
-		return nil, fmt.Errorf("%s: reading the answer: %w", op, err)
+		return nil, fmt.Errorf("reading the service's answer: %w", err)
 	}
 	return d.reply(resp.StatusCode, resp.Header, b), nil
 }
@@ -340,20 +357,54 @@ var (
 	noHeader   = http.Header{}
 )
 
-func (d *Driver) doJSON(ctx context.Context, op, method, path string, in any) (*reply, error) {
+// connError is a failure to connect to the service, in the user's terms; the transport's
+// error stays reachable with errors.As.
+type connError struct {
+	msg string
+	err error
+}
+
+func (e *connError) Error() string { return e.msg }
+func (e *connError) Unwrap() error { return e.err }
+
+// unreachable words a request that got no connection: a failed lookup or dial names the
+// service's host and the cause alone, not the URL and every layer of the transport's error.
+// Anything else (a TLS handshake refused, the context ended) is returned as it is.
+func (d *Driver) unreachable(err error) error {
+	var (
+		dns   *net.DNSError
+		errno syscall.Errno
+		op    *net.OpError
+		cause string
+	)
+	switch {
+	case errors.As(err, &dns):
+		cause = dns.Error()
+	case errors.As(err, &op) && op.Op == "dial":
+		cause = op.Err.Error()
+		if errors.As(op.Err, &errno) {
+			cause = errno.Error()
+		}
+	default:
+		return err
+	}
+	return &connError{msg: fmt.Sprintf("cannot connect to the fenced service at %s: %s", d.base.Host, cause), err: err}
+}
+
+func (d *Driver) doJSON(ctx context.Context, method, path string, in any) (*reply, error) {
 	if in == nil {
-		return d.do(ctx, op, method, path, noHeader, nil)
+		return d.do(ctx, method, path, noHeader, nil)
 	}
 	body, err := json.Marshal(in)
 	if err != nil {
-		return nil, driver.NotApplied(fmt.Errorf("%s: %w", op, err))
+		return nil, driver.NotApplied(err)
 	}
-	return d.do(ctx, op, method, path, jsonHeader, body)
+	return d.do(ctx, method, path, jsonHeader, body)
 }
 
-func decode(op string, r *reply, v any) error {
+func decode(r *reply, v any) error {
 	if err := json.Unmarshal(r.body, v); err != nil {
-		return fmt.Errorf("%s: the service's answer is not the expected JSON: %w", op, err)
+		return fmt.Errorf("the service's answer is not the expected JSON: %w", err)
 	}
 	return nil
 }
@@ -368,15 +419,15 @@ type info struct {
 }
 
 func (d *Driver) info(ctx context.Context) (info, error) {
-	r, err := d.doJSON(ctx, "fenced service info", http.MethodGet, "/v1/info", nil)
+	r, err := d.doJSON(ctx, http.MethodGet, "/v1/info", nil)
 	if err != nil {
 		return info{}, err
 	}
 	if r.status != http.StatusOK {
-		return info{}, r.err("fenced service info")
+		return info{}, r.err()
 	}
 	var in info
-	if err := decode("fenced service info", r, &in); err != nil {
+	if err := decode(r, &in); err != nil {
 		return info{}, err
 	}
 	d.maxPay.Store(in.MaxPayloadBytes)
@@ -411,13 +462,12 @@ func (d *Driver) CheckDurability(ctx context.Context) ([]string, error) {
 }
 
 func (d *Driver) Provision(ctx context.Context, resource string) error {
-	op := "provision"
-	r, err := d.doJSON(ctx, op, http.MethodPut, "/v1/resources/"+escape(resource), nil)
+	r, err := d.doJSON(ctx, http.MethodPut, "/v1/resources/"+escape(resource), nil)
 	if err != nil {
 		return err
 	}
 	if r.status != http.StatusNoContent && r.status != http.StatusOK {
-		return r.mutationErr(op)
+		return r.mutationErr()
 	}
 	return nil
 }
@@ -429,7 +479,7 @@ type lease struct {
 }
 
 func (d *Driver) Acquire(ctx context.Context, resource, owner string, ttl time.Duration) (driver.Grant, error) {
-	return d.acquire(ctx, "acquire", resource, acquireBody{Owner: owner, TTL: ms(ttl)})
+	return d.acquire(ctx, resource, acquireBody{Owner: owner, TTL: ms(ttl)})
 }
 
 // AcquireWait sends the acquisition with wait_ms, so that the service waits for the resource
@@ -440,12 +490,12 @@ func (d *Driver) AcquireWait(ctx context.Context, resource, owner string, ttl, w
 	limit := time.Duration(d.maxWait.Load())
 	if limit == 0 {
 		if _, err := d.info(ctx); err != nil {
-			return driver.Grant{}, driver.NotApplied(fmt.Errorf("acquire: reading the service's limit on waits: %w", err))
+			return driver.Grant{}, driver.NotApplied(fmt.Errorf("reading the service's limit on waits: %w", err))
 		}
 		limit = time.Duration(d.maxWait.Load())
 	}
 	wait = max(min(wait, limit), time.Millisecond)
-	return d.acquire(ctx, "acquire with wait", resource, acquireBody{Owner: owner, TTL: ms(ttl), Wait: ms(wait)})
+	return d.acquire(ctx, resource, acquireBody{Owner: owner, TTL: ms(ttl), Wait: ms(wait)})
 }
 
 // acquireBody is an acquisition's JSON body; wait_ms is left out when 0 (never sent as 0).
@@ -455,14 +505,14 @@ type acquireBody struct {
 	Wait  float64 `json:"wait_ms,omitempty"`
 }
 
-func (d *Driver) acquire(ctx context.Context, op, resource string, body acquireBody) (driver.Grant, error) {
-	r, err := d.doJSON(ctx, op, http.MethodPost, "/v1/resources/"+escape(resource)+"/acquire", body)
+func (d *Driver) acquire(ctx context.Context, resource string, body acquireBody) (driver.Grant, error) {
+	r, err := d.doJSON(ctx, http.MethodPost, "/v1/resources/"+escape(resource)+"/acquire", body)
 	if err != nil {
 		return driver.Grant{}, err
 	}
 	if r.status == http.StatusOK {
 		var l lease
-		if err := decode(op, r, &l); err != nil {
+		if err := decode(r, &l); err != nil {
 			return driver.Grant{}, err
 		}
 		return driver.Grant{Epoch: l.Epoch, Generation: l.Generation, LeaseUntil: l.LeaseUntil}, nil
@@ -475,7 +525,7 @@ func (d *Driver) acquire(ctx context.Context, op, resource string, body acquireB
 			return driver.Grant{}, driver.ErrNotFound
 		}
 	}
-	return driver.Grant{}, r.mutationErr(op)
+	return driver.Grant{}, r.mutationErr()
 }
 
 func leaseBody(l driver.LeaseRef) map[string]any {
@@ -488,26 +538,25 @@ func refused(r *reply) bool {
 }
 
 func (d *Driver) Renew(ctx context.Context, l driver.LeaseRef, ttl time.Duration) (time.Time, bool, error) {
-	op := "renew"
 	body := leaseBody(l)
 	body["ttl_ms"] = ms(ttl)
-	r, err := d.doJSON(ctx, op, http.MethodPost, "/v1/resources/"+escape(l.Resource)+"/renew", body)
+	r, err := d.doJSON(ctx, http.MethodPost, "/v1/resources/"+escape(l.Resource)+"/renew", body)
 	switch {
 	case err != nil:
 		return time.Time{}, false, err
 	case r.status == http.StatusOK:
 		var out lease
-		if err := decode(op, r, &out); err != nil {
+		if err := decode(r, &out); err != nil {
 			return time.Time{}, false, err
 		}
 		return out.LeaseUntil, true, nil
 	case refused(r):
 		return time.Time{}, false, nil
 	}
-	return time.Time{}, false, r.mutationErr(op)
+	return time.Time{}, false, r.mutationErr()
 }
 
-func (d *Driver) publish(ctx context.Context, op, verb string, l driver.LeaseRef, pub driver.Publication) (bool, error) {
+func (d *Driver) publish(ctx context.Context, verb string, l driver.LeaseRef, pub driver.Publication) (bool, error) {
 	// One array holds the values (any UTF-8 owner is percent-encoded).
 	v := [...]string{"application/octet-stream", url.PathEscape(l.Owner), fmt.Sprintf("%d.%d", l.Epoch, l.Generation), pub.OpID, ""}
 	h := http.Header{"Content-Type": v[0:1:1], "Fenced-Owner": v[1:2:2], "Fenced-Token": v[2:3:3], "Fenced-Op-Id": v[3:4:4]}
@@ -519,7 +568,7 @@ func (d *Driver) publish(ctx context.Context, op, verb string, l driver.LeaseRef
 	if payload == nil {
 		payload = []byte{}
 	}
-	r, err := d.do(ctx, op, http.MethodPost, "/v1/resources/"+escape(l.Resource)+"/"+verb, h, payload)
+	r, err := d.do(ctx, http.MethodPost, "/v1/resources/"+escape(l.Resource)+"/"+verb, h, payload)
 	switch {
 	case err != nil:
 		return false, err
@@ -528,30 +577,29 @@ func (d *Driver) publish(ctx context.Context, op, verb string, l driver.LeaseRef
 		var out struct {
 			OpID string `json:"op_id"`
 		}
-		if err := decode(op, r, &out); err != nil {
+		if err := decode(r, &out); err != nil {
 			return false, err
 		}
 		if out.OpID != pub.OpID {
-			return false, fmt.Errorf("%s: the service's answer names operation %q, not %q", op, out.OpID, pub.OpID)
+			return false, fmt.Errorf("the service's answer names operation %q, not %q", out.OpID, pub.OpID)
 		}
 		return true, nil
 	case refused(r):
 		return false, nil
 	}
-	return false, r.mutationErr(op)
+	return false, r.mutationErr()
 }
 
 func (d *Driver) Publish(ctx context.Context, l driver.LeaseRef, pub driver.Publication) (bool, error) {
-	return d.publish(ctx, "publish", "publish", l, pub)
+	return d.publish(ctx, "publish", l, pub)
 }
 
 func (d *Driver) PublishAndRelease(ctx context.Context, l driver.LeaseRef, pub driver.Publication) (bool, error) {
-	return d.publish(ctx, "publish and release", "publish-and-release", l, pub)
+	return d.publish(ctx, "publish-and-release", l, pub)
 }
 
 func (d *Driver) Release(ctx context.Context, l driver.LeaseRef) (bool, error) {
-	op := "release"
-	r, err := d.doJSON(ctx, op, http.MethodPost, "/v1/resources/"+escape(l.Resource)+"/release", leaseBody(l))
+	r, err := d.doJSON(ctx, http.MethodPost, "/v1/resources/"+escape(l.Resource)+"/release", leaseBody(l))
 	switch {
 	case err != nil:
 		return false, err
@@ -560,7 +608,7 @@ func (d *Driver) Release(ctx context.Context, l driver.LeaseRef) (bool, error) {
 	case refused(r):
 		return false, nil
 	}
-	return false, r.mutationErr(op)
+	return false, r.mutationErr()
 }
 
 type state struct {
@@ -579,8 +627,7 @@ type state struct {
 }
 
 func (d *Driver) Read(ctx context.Context, resource string) (driver.State, error) {
-	op := "show"
-	r, err := d.doJSON(ctx, op, http.MethodGet, "/v1/resources/"+escape(resource), nil)
+	r, err := d.doJSON(ctx, http.MethodGet, "/v1/resources/"+escape(resource), nil)
 	if err != nil {
 		return driver.State{}, err
 	}
@@ -588,18 +635,17 @@ func (d *Driver) Read(ctx context.Context, resource string) (driver.State, error
 		if r.prob != nil && r.prob.Type == typeNotProvisioned {
 			return driver.State{}, driver.ErrNotFound
 		}
-		return driver.State{}, r.err(op)
+		return driver.State{}, r.err()
 	}
 	var s state
-	if err := decode(op, r, &s); err != nil {
+	if err := decode(r, &s); err != nil {
 		return driver.State{}, err
 	}
 	return driver.State(s), nil
 }
 
 func (d *Driver) ReadPayload(ctx context.Context, resource string) ([]byte, int64, error) {
-	op := "get"
-	r, err := d.doJSON(ctx, op, http.MethodGet, "/v1/resources/"+escape(resource)+"/payload", nil)
+	r, err := d.doJSON(ctx, http.MethodGet, "/v1/resources/"+escape(resource)+"/payload", nil)
 	if err != nil {
 		return nil, 0, err
 	}
@@ -610,11 +656,11 @@ func (d *Driver) ReadPayload(ctx context.Context, resource string) ([]byte, int6
 		case r.prob != nil && r.prob.Type == typeNothingPublished:
 			return nil, 0, nil
 		}
-		return nil, 0, r.err(op)
+		return nil, 0, r.err()
 	}
 	gen, err := strconv.ParseInt(r.header.Get("Fenced-Generation"), 10, 64)
 	if err != nil || gen < 1 {
-		return nil, 0, fmt.Errorf("%s: the service's answer has no valid Fenced-Generation header", op)
+		return nil, 0, errors.New("the service's answer has no valid Fenced-Generation header")
 	}
 	return r.body, gen, nil
 }
@@ -637,68 +683,64 @@ func (o operation) driver() driver.Operation {
 }
 
 func (d *Driver) ResolveOperation(ctx context.Context, opID string) (driver.Operation, error) {
-	op := "resolve"
-	r, err := d.doJSON(ctx, op, http.MethodPost, "/v1/operations/"+escape(opID)+"/resolve", nil)
+	r, err := d.doJSON(ctx, http.MethodPost, "/v1/operations/"+escape(opID)+"/resolve", nil)
 	if err != nil {
 		return driver.Operation{}, err
 	}
 	if r.status != http.StatusOK {
-		return driver.Operation{}, r.mutationErr(op)
+		return driver.Operation{}, r.mutationErr()
 	}
 	var o operation
-	if err := decode(op, r, &o); err != nil {
+	if err := decode(r, &o); err != nil {
 		return driver.Operation{}, err
 	}
 	return o.driver(), nil
 }
 
 func (d *Driver) ReadOperation(ctx context.Context, opID string) (driver.Operation, error) {
-	op := "read operation"
-	r, err := d.doJSON(ctx, op, http.MethodGet, "/v1/operations/"+escape(opID), nil)
+	r, err := d.doJSON(ctx, http.MethodGet, "/v1/operations/"+escape(opID), nil)
 	if err != nil {
 		return driver.Operation{}, err
 	}
 	if r.status != http.StatusOK {
-		return driver.Operation{}, r.err(op)
+		return driver.Operation{}, r.err()
 	}
 	var o operation
-	if err := decode(op, r, &o); err != nil {
+	if err := decode(r, &o); err != nil {
 		return driver.Operation{}, err
 	}
 	return o.driver(), nil
 }
 
 func (d *Driver) BumpEpoch(ctx context.Context) (int64, error) {
-	op := "bump epoch"
-	r, err := d.doJSON(ctx, op, http.MethodPost, "/v1/epoch/bump", nil)
+	r, err := d.doJSON(ctx, http.MethodPost, "/v1/epoch/bump", nil)
 	if err != nil {
 		return 0, err
 	}
 	if r.status != http.StatusOK {
-		return 0, r.mutationErr(op)
+		return 0, r.mutationErr()
 	}
 	var out struct {
 		Epoch int64 `json:"epoch"`
 	}
-	if err := decode(op, r, &out); err != nil {
+	if err := decode(r, &out); err != nil {
 		return 0, err
 	}
 	return out.Epoch, nil
 }
 
 func (d *Driver) PruneOperations(ctx context.Context, age time.Duration) (int64, error) {
-	op := "prune operations"
-	r, err := d.doJSON(ctx, op, http.MethodPost, "/v1/operations/prune", map[string]any{"age_ms": ms(age)})
+	r, err := d.doJSON(ctx, http.MethodPost, "/v1/operations/prune", map[string]any{"age_ms": ms(age)})
 	if err != nil {
 		return 0, err
 	}
 	if r.status != http.StatusOK {
-		return 0, r.mutationErr(op)
+		return 0, r.mutationErr()
 	}
 	var out struct {
 		Deleted int64 `json:"deleted"`
 	}
-	if err := decode(op, r, &out); err != nil {
+	if err := decode(r, &out); err != nil {
 		return 0, err
 	}
 	return out.Deleted, nil

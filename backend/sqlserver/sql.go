@@ -606,7 +606,7 @@ func opArgs(opID string) []any { return []any{sql.Named("op_id", opID)} }
 func pruneArgs(age time.Duration) ([]any, error) {
 	s, us, err := splitTTL(age)
 	if err != nil {
-		return nil, fmt.Errorf("prune operations: %w", err)
+		return nil, err
 	}
 	return []any{sql.Named("age_s", s), sql.Named("age_us", us)}, nil
 }

@@ -98,11 +98,13 @@ import (
 	"fmt"
 	"io/fs"
 	"math/rand/v2"
+	"net"
 	"net/url"
 	"regexp"
 	"sort"
 	"strconv"
 	"strings"
+	"syscall"
 	"time"
 
 	mssql "github.com/microsoft/go-mssqldb"
@@ -224,7 +226,11 @@ func Open(rawURL string) (*Driver, error) {
 		// go-mssqldb's parse errors leave the password out; so does this message.
 		return nil, fmt.Errorf("open sqlserver: %w", err)
 	}
-	d, err := NewWithConfig(sql.OpenDB(connector), &cfg)
+	addr := "the host of the URL"
+	if u, err := url.Parse(rawURL); err == nil && u.Host != "" {
+		addr = u.Host
+	}
+	d, err := NewWithConfig(sql.OpenDB(connectErrors{connector, addr}), &cfg)
 	if err != nil {
 		return nil, err
 	}
@@ -570,7 +576,7 @@ func (d *Driver) BumpEpoch(ctx context.Context) (int64, error) {
 	case err != nil:
 		return 0, err
 	case len(epochs) != 1 || !epochs[0].Valid:
-		return 0, errors.New("bump epoch: fenced_meta has no epoch row; run Migrate")
+		return 0, errors.New("fenced_meta has no epoch row; run Migrate")
 	}
 	return epochs[0].Int64, nil
 }
@@ -648,6 +654,9 @@ func mutate[T any](ctx context.Context, d *Driver, what string, o op, args []any
 	err := retry(ctx, func() error {
 		conn, err := d.db.Conn(ctx)
 		if err != nil {
+			if connFailure(err) {
+				return driver.NotApplied(err) // its text names the server
+			}
 			return driver.NotApplied(fmt.Errorf("get connection: %w", err))
 		}
 		defer conn.Close()
@@ -820,6 +829,9 @@ func duplicateKey(err error) bool {
 // happened and stays a plain error, which the core reports as an unknown outcome. A driver
 // error never becomes a refusal or busy.
 func translate(what string, err error) error {
+	if connFailure(err) { // which statement is beside the point; none was sent
+		return driver.NotApplied(err)
+	}
 	wrapped := fmt.Errorf("%s: %w", what, err)
 	if rolledBack(err) {
 		wrapped = fmt.Errorf("%s: %w: %w", what, ErrRolledBack, err)
@@ -939,4 +951,51 @@ func utc(t sql.NullTime) time.Time {
 		return time.Time{}
 	}
 	return t.Time.UTC()
+}
+
+// connectErrors words every failure of go-mssqldb's connector to make a connection (the dial,
+// TLS, the login) as a connectError. Driver() is the connector's own, so the handle is still
+// recognised as the sqlserver driver's.
+type connectErrors struct {
+	*mssql.Connector
+	addr string // host[:port] as the URL gives it
+}
+
+func (c connectErrors) Connect(ctx context.Context) (sqldriver.Conn, error) {
+	conn, err := c.Connector.Connect(ctx)
+	if err != nil && ctx.Err() == nil {
+		return nil, &connectError{addr: c.addr, err: err}
+	}
+	return conn, err
+}
+
+// connectError says which server could not be reached and why, the cause last; the
+// connector's error stays reachable with errors.As.
+type connectError struct {
+	addr string
+	err  error
+}
+
+func (e *connectError) Error() string {
+	var (
+		dns   *net.DNSError
+		errno syscall.Errno
+		cause = e.err.Error()
+	)
+	if se, ok := sqlError(e.err); ok { // refused by the server: a login failed, no such database
+		cause = se.Message
+	} else if errors.As(e.err, &dns) {
+		cause = dns.Error()
+	} else if errors.As(e.err, &errno) {
+		cause = errno.Error()
+	}
+	return fmt.Sprintf("cannot connect to the SQL Server at %s: %s", e.addr, cause)
+}
+
+func (e *connectError) Unwrap() error { return e.err }
+
+// connFailure reports whether err is connectErrors' failure to make a connection.
+func connFailure(err error) bool {
+	var ce *connectError
+	return errors.As(err, &ce)
 }

@@ -161,6 +161,26 @@ func checkSentence(t *testing.T, stderr string) {
 	if !strings.HasPrefix(line, "fenced: ") || !strings.HasSuffix(line, ".") || rest != "" {
 		t.Errorf("stderr %q is not one sentence prefixed \"fenced: \"", stderr)
 	}
+	if op := repeatedOp(line); op != "" {
+		t.Errorf("stderr %q names the operation %q twice in a row", stderr, op)
+	}
+}
+
+// repeatedOp returns the operation that two layers of wrapping both name, one after the other
+// ("bump epoch failed, nothing changed: bump epoch: ..."), or "".
+func repeatedOp(line string) string {
+	parts := strings.Split(line, ": ")
+	for i := 1; i+1 < len(parts); i++ {
+		op := strings.TrimSuffix(parts[i], " failed, nothing changed")
+		if q := strings.IndexByte(op, '"'); q > 0 { // the quoted argument: acquire "R"
+			op = strings.TrimSpace(op[:q])
+		}
+		next := parts[i+1]
+		if len(op) >= 3 && strings.HasPrefix(next, op) && (len(next) == len(op) || strings.ContainsRune(" \"", rune(next[len(op)]))) {
+			return op
+		}
+	}
+	return ""
 }
 
 type leaseOut struct {
@@ -489,6 +509,16 @@ func TestOperationalError(t *testing.T) {
 		t.Fatalf("unreachable server: exit %d, stderr %q", r.code, r.stderr)
 	}
 	checkSentence(t, r.stderr)
+	// Nothing listens on port 1: the sentence names the host and the cause, once.
+	for db, want := range map[string]string{
+		"http://127.0.0.1:1":                       `fenced: epoch bump: cannot connect to the fenced service at 127.0.0.1:1: connection refused.`,
+		"sqlserver://sa:pw@127.0.0.1:1?database=x": `fenced: epoch bump: cannot connect to the SQL Server at 127.0.0.1:1: connection refused.`,
+	} {
+		r = runIn(t, dir, db, nil, "epoch", "bump")
+		if r.code != 1 || strings.TrimSpace(r.stderr) != want {
+			t.Errorf("%s unreachable: exit %d, stderr %q; want 1 and %q", db, r.code, r.stderr, want)
+		}
+	}
 }
 
 func TestDatabaseSelection(t *testing.T) {

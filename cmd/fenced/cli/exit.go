@@ -20,7 +20,7 @@ const (
 	ExitRefused     = 5 // the lease presented is not current; nothing changed
 	ExitUnknown     = 6 // the request may have reached the database but no answer came back
 	ExitViolations  = 7 // fenced torture found violations of the protocol's invariants
-	ExitDenied      = 8 // the database refused the operation to this role (fenced grant); nothing changed
+	ExitDenied      = 8 // the database refused the operation to this role (fenced grant), or a service to this token; nothing changed
 )
 
 // exitCodesHelp is printed under every command's help.
@@ -28,7 +28,7 @@ const exitCodesHelp = `Exit codes:
   0  done
   1  operational error (database unreachable, I/O, a write sent to a read-only standby,
      an acquisition after a restore or promotion until "fenced epoch bump", a bearer
-     token that "fenced serve" refuses)
+     token that "fenced serve" does not know)
   2  usage or invalid input (bad flag, argument, duration, generation, token, payload
      too large)
   3  busy: another owner holds an unexpired lease
@@ -43,8 +43,8 @@ const exitCodesHelp = `Exit codes:
      for publish, "fenced resolve ID" settles it
   7  torture found violations (a model check that did not finish is 1, not 0)
   8  permission denied: the database refused the operation to the role connected (not
-     granted to it by "fenced grant --as", or the resource is outside its --prefix);
-     nothing changed
+     granted to it by "fenced grant --as", or the resource is outside its --prefix), or
+     "fenced serve" refused it to the bearer token (its role or prefixes); nothing changed
   run passes on the exit code of a command that failed`
 
 // usageError is input that was rejected before anything was sent to the database.

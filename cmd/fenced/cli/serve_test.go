@@ -229,8 +229,10 @@ func TestServeTLSAndTokens(t *testing.T) {
 		}
 	}
 
-	// The command: a token the service refuses (401 unknown, 403 outside its prefixes or its
-	// role) is exit 1, one sentence naming the reason, as the exit-code table says.
+	// The command: a token the service does not know (401) is exit 1; one it refuses the
+	// operation to (403: outside its prefixes or its role) is permission denied, exit 8, as a
+	// database's refusal to its role is; one sentence naming the reason, as the exit-code
+	// table says.
 	cli := target{t: t, url: s.url, dir: dir}
 	env := []string{"SSL_CERT_FILE=" + certFile, "FENCED_API_TOKEN=" + tok.Secret}
 	if r := runEnv(t, cli, env, "acquire", "builds/ü 1", "--ttl", "30s"); r.code != 0 {
@@ -239,15 +241,18 @@ func TestServeTLSAndTokens(t *testing.T) {
 	for _, tc := range []struct {
 		env  []string
 		args []string
+		code int
 		want string
 	}{
-		{env, []string{"acquire", "other", "--ttl", "30s"}, "outside its prefixes"},
-		{env, []string{"epoch", "bump"}, "needs admin"},
-		{[]string{"SSL_CERT_FILE=" + certFile, "FENCED_API_TOKEN=fenced_not-a-token"}, []string{"show", "builds/ü 1"}, "not in the tokens file"},
+		{env, []string{"acquire", "other", "--ttl", "30s"}, 8, `acquire "other" failed, nothing changed: the service answered 403: token "ci" may not act on resource "other"`},
+		{env, []string{"show", "other"}, 8, "outside its prefixes"},
+		{env, []string{"epoch", "bump"}, 8, "bump epoch failed, nothing changed: the service answered 403: token \"ci\" has role worker; this operation needs admin."},
+		{env, []string{"prune", "--older-than", "9000h"}, 8, "prune operations: the service answered 403: token \"ci\" has role worker; this operation needs admin."},
+		{[]string{"SSL_CERT_FILE=" + certFile, "FENCED_API_TOKEN=fenced_not-a-token"}, []string{"show", "builds/ü 1"}, 1, "not in the tokens file"},
 	} {
 		r := runEnv(t, cli, tc.env, tc.args...)
-		if r.code != 1 || !strings.Contains(r.stderr, tc.want) {
-			t.Errorf("fenced %s: exit %d, stderr %q; want 1 and %q", strings.Join(tc.args, " "), r.code, r.stderr, tc.want)
+		if r.code != tc.code || !strings.Contains(r.stderr, tc.want) {
+			t.Errorf("fenced %s: exit %d, stderr %q; want %d and %q", strings.Join(tc.args, " "), r.code, r.stderr, tc.code, tc.want)
 			continue
 		}
 		checkSentence(t, r.stderr)
