@@ -126,6 +126,11 @@ func TestUnreachableServer(t *testing.T) {
 		if !errors.Is(err, driver.ErrNotApplied) {
 			t.Errorf("%s: %v, want not applied", what, err)
 		}
+		// The server and the cause, once, in the user's terms (not go-mssqldb's nested dial error).
+		if msg := err.Error(); !strings.HasPrefix(msg, "cannot connect to the SQL Server at 127.0.0.1:") ||
+			!strings.HasSuffix(msg, ": connection refused") {
+			t.Errorf("%s: %q, want \"cannot connect to the SQL Server at 127.0.0.1:PORT: connection refused\"", what, msg)
+		}
 	}
 	s, err := fenced.New(ctx, d, &fenced.Config{SkipMigrate: true})
 	if err != nil {

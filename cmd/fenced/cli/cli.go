@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
 
 	"github.com/fenced-dev/fenced"
 )
@@ -82,7 +83,14 @@ The schema is created on first use; "fenced migrate" does it explicitly.`,
 		"also refuse to start when the database's durability settings cannot be read; without it, a warning")
 	root.PersistentFlags().DurationVar(&a.maxTTL, "max-ttl", fenced.MaxTTL,
 		"the longest ttl to acquire or renew for; prune keeps records for at least this plus "+fenced.PruneMargin.String()+" (use one value for everything that shares the database)")
-	root.SetFlagErrorFunc(func(_ *cobra.Command, err error) error { return err })
+	root.SetFlagErrorFunc(func(_ *cobra.Command, err error) error {
+		// A bad duration reads as --ttl's does, not as time.ParseDuration's message behind pflag's.
+		var bad *pflag.InvalidValueError
+		if errors.As(err, &bad) && bad.GetFlag().Value.Type() == "duration" {
+			return fmt.Errorf("invalid --%s %q: use a duration such as 30s, 5m or 1h", bad.GetFlag().Name, bad.GetValue())
+		}
+		return err
+	})
 	root.AddCommand(a.migrateCmd(), a.provisionCmd(), a.acquireCmd(), a.renewCmd(),
 		a.publishCmd(), a.releaseCmd(), a.showCmd(), a.getCmd(), a.runCmd(), a.demoCmd(), a.demoWorkerCmd(),
 		a.tortureCmd(), a.tortureWorkerCmd(), a.resolveCmd(), a.epochCmd(), a.grantCmd(), a.pruneCmd(), a.gcCmd(),

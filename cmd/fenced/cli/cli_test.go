@@ -590,6 +590,9 @@ func TestArgumentErrors(t *testing.T) {
 		{[]string{"resolve"}, "resolve takes exactly one OP_ID argument, got 0"},
 		{[]string{"resolve", "a", "b"}, "resolve takes exactly one OP_ID argument, got 2"},
 		{[]string{"serve-token", "--role", "worker", "--prefix", "*"}, "serve-token takes exactly one NAME argument, got 0"},
+		// A duration flag's bad value reads as --ttl's, not as time.ParseDuration's message.
+		{[]string{"acquire", "r", "--ttl", "5s", "--wait", "x"}, `fenced: invalid --wait "x": use a duration such as 30s, 5m or 1h; see "fenced acquire --help".`},
+		{[]string{"prune", "--older-than", "400d"}, `fenced: invalid --older-than "400d": use a duration such as`},
 	} {
 		r := runIn(t, dir, "", nil, tc.args...)
 		if r.code != 2 || len(r.stdout) != 0 || !strings.Contains(r.stderr, tc.want) {
