@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/rand"
 	"errors"
+	"fmt"
 	"net/url"
 	"os"
 	"path/filepath"
@@ -241,6 +242,11 @@ func TestAcquireWaitGivesUpWithCtx(t *testing.T) {
 	_, err := s.AcquireWait(wctx, waitResource, time.Minute)
 	if !errors.Is(err, ErrBusy) || !errors.Is(err, context.Canceled) {
 		t.Fatalf("AcquireWait after ctx ended: %v, want busy and canceled", err)
+	}
+	var busy *BusyError
+	if !errors.As(err, &busy) || busy.Resource != waitResource || busy.Generation != 1 ||
+		!strings.HasPrefix(err.Error(), fmt.Sprintf("gave up waiting for %q after ", waitResource)) {
+		t.Fatalf("AcquireWait after ctx ended: %v, want the *BusyError of generation 1 and what was waited for", err)
 	}
 	if _, err := s.AcquireWait(ctx, waitResource, 0); !errors.Is(err, ErrInvalid) {
 		t.Fatalf("AcquireWait with ttl 0: %v", err)

@@ -336,6 +336,10 @@ func TestClientClassifiesAnswers(t *testing.T) {
 			if err == nil || errors.Is(err, driver.ErrNotApplied) != c.notApplied {
 				t.Fatalf("acquire: %v; want not applied: %v", err, c.notApplied)
 			}
+			// Only the service's refusal to the token is permission denied (the command's exit 8).
+			if forbidden := c.status == http.StatusForbidden; errors.Is(err, driver.ErrPermission) != forbidden {
+				t.Fatalf("acquire: %v; want permission denied: %v", err, forbidden)
+			}
 			_, err = d.Publish(testCtx(t), driver.LeaseRef{Resource: "r", Owner: "o", Epoch: 2, Generation: 1}, driver.Publication{OpID: "x"})
 			if err == nil || errors.Is(err, driver.ErrNotApplied) != c.notApplied {
 				t.Fatalf("publish: %v; want not applied: %v", err, c.notApplied)
