@@ -25,7 +25,7 @@ type Remote struct {
 func (f *Remote) Fence(ctx context.Context, resource string, token fenced.Token) error {
 	req, err := http.NewRequestWithContext(ctx, http.MethodPost, f.URL, nil)
 	if err != nil {
-		return fmt.Errorf("fence %s: %w", f.URL, err)
+		return fmt.Errorf("the fence service URL %s: %w", f.URL, err)
 	}
 	req.Header.Set(Header, FormatHeader(resource, token))
 	c := f.Client
@@ -34,7 +34,7 @@ func (f *Remote) Fence(ctx context.Context, resource string, token fenced.Token)
 	}
 	resp, err := c.Do(req)
 	if err != nil {
-		return fmt.Errorf("fence %s: %w", f.URL, err)
+		return fmt.Errorf("the fence service at %s: %w", f.URL, err)
 	}
 	defer resp.Body.Close()
 	body, _ := io.ReadAll(io.LimitReader(resp.Body, 64<<10))
@@ -53,9 +53,9 @@ func (f *Remote) Fence(ctx context.Context, resource string, token fenced.Token)
 		}
 		return e
 	case resp.StatusCode == http.StatusUnprocessableEntity:
-		return fmt.Errorf("fence %s: %q: %w", f.URL, resource, ErrUnknownResource)
+		return fmt.Errorf("the fence service at %s: %q: %w", f.URL, resource, ErrUnknownResource)
 	case resp.StatusCode == http.StatusBadRequest:
-		return fmt.Errorf("fence %s: %w: %s", f.URL, ErrMalformed, p.Detail)
+		return fmt.Errorf("the fence service at %s: %w: %s", f.URL, ErrMalformed, p.Detail)
 	}
-	return fmt.Errorf("fence %s: the service answered %s: %s", f.URL, resp.Status, bytes.TrimSpace(body))
+	return fmt.Errorf("the fence service at %s answered %s: %s", f.URL, resp.Status, bytes.TrimSpace(body))
 }

@@ -87,7 +87,7 @@ func (l *Leased) recall(k etagKey) (azcore.ETag, bool) {
 // Fence refuses: the lease ID derives from the holder's owner, which Fence is not given
 // (ErrNeedsOwner). fenced.Lease.Fence and fenced.RunOptions.Fence call FenceOwner instead.
 func (l *Leased) Fence(_ context.Context, resource string, _ fenced.Token) error {
-	return fmt.Errorf("fence %q: %w", resource, ErrNeedsOwner)
+	return ErrNeedsOwner
 }
 
 // FenceOwner takes the blob over for the acquisition (owner, token): it breaks any other blob
@@ -105,7 +105,7 @@ func (l *Leased) FenceOwner(ctx context.Context, resource, owner string, token f
 		return err
 	}
 	if err := fenced.ValidateOwner(owner); err != nil {
-		return fmt.Errorf("fence %q: %w", resource, err)
+		return err
 	}
 	id := deriveLeaseID(resource, owner, token)
 	key := etagKey{bc.URL(), id, token}
@@ -116,7 +116,7 @@ func (l *Leased) FenceOwner(ctx context.Context, resource, owner string, token f
 	for range maxAttempts {
 		p, cur, err := l.props(ctx, bc)
 		if err != nil {
-			return fmt.Errorf("fence %q: %w", resource, err)
+			return err
 		}
 		if cur.Compare(token) > 0 {
 			return stale(resource, token, cur)
@@ -136,7 +136,7 @@ func (l *Leased) FenceOwner(ctx context.Context, resource, owner string, token f
 				continue
 			}
 			if err != nil {
-				return fmt.Errorf("fence %q: break the blob lease: %w", resource, err)
+				return fmt.Errorf("break the blob lease: %w", err)
 			}
 			l.step(stepBroken)
 		}
@@ -145,7 +145,7 @@ func (l *Leased) FenceOwner(ctx context.Context, resource, owner string, token f
 			continue
 		}
 		if err != nil {
-			return fmt.Errorf("fence %q: acquire the blob lease: %w", resource, err)
+			return fmt.Errorf("acquire the blob lease: %w", err)
 		}
 		l.step(stepAcquired)
 		// The acquisition was conditional on the ETag of the token we compared, so the metadata
@@ -156,12 +156,12 @@ func (l *Leased) FenceOwner(ctx context.Context, resource, owner string, token f
 			continue // a newer fence broke our lease in between
 		}
 		if err != nil {
-			return fmt.Errorf("fence %q: record the token: %w", resource, err)
+			return fmt.Errorf("record the token: %w", err)
 		}
 		l.remember(key, r.ETag)
 		return nil
 	}
-	return fmt.Errorf("fence %q: gave up after %d attempts racing with other fences", resource, maxAttempts)
+	return fmt.Errorf("gave up after %d attempts racing with other fences", maxAttempts)
 }
 
 func retryable(err error) bool {

@@ -226,7 +226,8 @@ func conflict(err error) bool {
 }
 
 // swap compares and, if the stored token is not newer, uploads conditionally on the version it
-// compared; content returns the bytes to upload (Fence keeps the current ones).
+// compared; content returns the bytes to upload (Fence keeps the current ones). Its errors do
+// not name op and resource: Write's caller sees them named by Write, Fence's by *fenced.FenceError.
 func (c *CAS) swap(ctx context.Context, op, resource string, token fenced.Token,
 	content func(key string, v version) ([]byte, error)) error {
 	key, err := c.key(resource)
@@ -236,7 +237,7 @@ func (c *CAS) swap(ctx context.Context, op, resource string, token fenced.Token,
 	for range maxAttempts {
 		v, cur, err := c.state(ctx, key)
 		if err != nil {
-			return fmt.Errorf("%s %q: %w", op, resource, err)
+			return err
 		}
 		if cur.Compare(token) > 0 {
 			return &destination.StaleError{Resource: resource, Token: token, Current: cur}
@@ -246,7 +247,7 @@ func (c *CAS) swap(ctx context.Context, op, resource string, token fenced.Token,
 			continue // deleted since: read again
 		}
 		if err != nil {
-			return fmt.Errorf("%s %q: %w", op, resource, err)
+			return err
 		}
 		if c.hook != nil {
 			c.hook(op, resource)
@@ -256,11 +257,11 @@ func (c *CAS) swap(ctx context.Context, op, resource string, token fenced.Token,
 			continue
 		}
 		if err != nil {
-			return fmt.Errorf("%s %q: %w", op, resource, err)
+			return err
 		}
 		return nil
 	}
-	return fmt.Errorf("%s %q: gave up after %d attempts racing with other writers", op, resource, maxAttempts)
+	return fmt.Errorf("gave up after %d attempts racing with other writers", maxAttempts)
 }
 
 // Fence raises the object's token to token if the stored one is not newer
@@ -278,7 +279,12 @@ func (c *CAS) Fence(ctx context.Context, resource string, token fenced.Token) er
 // Write replaces the object's content and token if the stored token is not newer
 // (*destination.StaleError otherwise, nothing written).
 func (c *CAS) Write(ctx context.Context, resource string, token fenced.Token, data []byte) error {
-	return c.swap(ctx, "write", resource, token, func(string, version) ([]byte, error) { return data, nil })
+	err := c.swap(ctx, "write", resource, token, func(string, version) ([]byte, error) { return data, nil })
+	var stale *destination.StaleError
+	if err != nil && !errors.As(err, &stale) { // a StaleError names the resource itself
+		return fmt.Errorf("write %q: %w", resource, err)
+	}
+	return err
 }
 
 // Read returns the object's content and the token of its last write or fence. The two come
