@@ -1,6 +1,7 @@
 package torture
 
 import (
+	"cmp"
 	"fmt"
 	"math"
 	"slices"
@@ -121,17 +122,20 @@ func Check(h *History, init map[string]State, timeout time.Duration) *Result {
 		}
 		r.Counts[op.Kind][op.Out]++
 	}
-	c := &checker{h: h, r: r, res: map[string]*InvariantResult{}, restores: map[string][]*Op{}}
+	c := &checker{h: h, r: r, res: map[string]*InvariantResult{}, restores: map[string][]*Op{},
+		made: newOwnerMap[int64, struct{}](len(h.Owners)), maybeMade: newOwnerMap[struct{}, struct{}](len(h.Owners)),
+		leases: newOwnerMap[token, renewed](len(h.Owners))}
 	for _, name := range Invariants {
 		c.res[name] = &InvariantResult{Name: name}
 	}
 	fencing := false
-	byRes, withGate := map[string][]*Op{}, map[string][]*Op{}
+	// Each resource's operations, indexed by its number (Op.ResN).
+	byRes, withGate := make([][]*Op, len(h.Resources())), make([][]*Op, len(h.Resources()))
 	for _, op := range h.Ops {
 		fencing = fencing || op.Kind == OpFence
-		withGate[op.Resource] = append(withGate[op.Resource], op)
+		withGate[op.ResN] = append(withGate[op.ResN], op)
 		if !op.Gate() { // the gate's operations are checked apart, not by the model
-			byRes[op.Resource] = append(byRes[op.Resource], op)
+			byRes[op.ResN] = append(byRes[op.ResN], op)
 		}
 		if op.Kind == OpRestore && op.Out != OutFailed {
 			c.restores[op.Resource] = append(c.restores[op.Resource], op)
@@ -153,14 +157,15 @@ func Check(h *History, init map[string]State, timeout time.Duration) *Result {
 	}
 	var direct, lin []Violation
 	bumps := selfBumps(h)
-	for _, res := range h.Resources() {
-		ops := byRes[res]
+	for n, res := range h.Resources() {
+		ops := byRes[n]
 		r.Violations = direct
-		c.gateTokens(res, withGate[res], fencing)
-		c.tokens(res, ops)
-		c.bumps(res, ops)
-		c.renewClock(res, ops)
-		c.publications(res, ops)
+		c.gateTokens(res, withGate[n], fencing)
+		c.cops = compact(c.cops[:0], ops)
+		c.tokens(res, ops, c.cops)
+		c.bumps(res, ops, c.cops)
+		c.renewClock(res, ops, c.cops)
+		c.publications(res, ops, c.cops)
 		c.payloads(res, ops)
 		flagged[res] = flagged[res] || len(r.Violations) > len(direct)
 		direct = r.Violations
@@ -258,6 +263,11 @@ type checker struct {
 	// excerpts (made at the first violation).
 	byRes map[string][]*Op
 	span  map[string]int64
+	// Tables of the per-resource checks keyed by owner, reused from one resource to the next.
+	made      *ownerMap[int64, struct{}]    // tokens: acquisitions made, by owner and generation
+	maybeMade *ownerMap[struct{}, struct{}] // tokens: owners of acquisitions of unknown outcome
+	leases    *ownerMap[token, renewed]     // renewClock: each lease's latest known expiry
+	cops      []cop                         // the resource's operations as the direct checks read them
 }
 
 func (c *checker) violate(inv, resource, msg string, involved ...*Op) {
@@ -453,67 +463,62 @@ func (a token) String() string    { return fmt.Sprintf("epoch %d generation %d",
 // tokens checks invariants 1, 2, 3 and 6 on one resource. Tokens are (epoch, generation) in
 // lexicographic order: a restore may take generations back, and only the epoch bump that
 // follows it keeps every later token above every earlier one, which is what is checked.
-func (c *checker) tokens(res string, ops []*Op) {
-	type lease struct {
-		owner string
-		gen   int64
-	}
-	var acqs []*Op
-	made := map[lease]bool{}       // acquisitions that were made
-	maybeMade := map[string]bool{} // owners of acquisitions whose outcome is unknown
-	byTok := map[token]*Op{}
-	for _, op := range ops {
-		if op.Kind != OpAcquire {
+func (c *checker) tokens(res string, ops []*Op, cs []cop) {
+	var acqs []int32                       // acknowledged acquisitions, by index in ops
+	made, maybeMade := c.made, c.maybeMade // acquisitions made; owners of those whose outcome is unknown
+	made.clear()
+	maybeMade.clear()
+	byTok := map[token]int32{}
+	for i := range cs {
+		o := &cs[i]
+		if o.kind != kindAcquire {
 			continue
 		}
-		if op.Unknown() {
-			maybeMade[op.Owner] = true
+		if o.out == outUnknown {
+			maybeMade.put(o.owner, struct{}{}, struct{}{})
 		}
-		if op.Out == OutOK {
-			acqs = append(acqs, op)
-			made[lease{op.Owner, op.Gen}] = true
+		if o.out == outOK {
+			acqs = append(acqs, int32(i))
+			made.put(o.owner, o.gen, struct{}{})
 			c.res[InvUniqueTokens].Checked++
-			if prev := byTok[tok(op)]; prev != nil {
-				c.violate(InvUniqueTokens, res, fmt.Sprintf("two acquisitions were granted %s", tok(op)), prev, op)
+			if prev, ok := byTok[o.tok()]; ok {
+				c.violate(InvUniqueTokens, res, fmt.Sprintf("two acquisitions were granted %s", o.tok()), ops[prev], ops[i])
 			} else {
-				byTok[tok(op)] = op
+				byTok[o.tok()] = int32(i)
 			}
 		}
 	}
 	// Sweep in call order, knowing the largest token acknowledged before each call.
-	byReturn := append([]*Op(nil), acqs...)
-	sort.Slice(byReturn, func(i, j int) bool { return byReturn[i].Return < byReturn[j].Return })
-	var top *Op
+	slices.SortStableFunc(acqs, func(a, b int32) int { return cmp.Compare(cs[a].ret, cs[b].ret) })
+	top := int32(-1)
 	k := 0
-	advance := func(t int64) {
-		for ; k < len(byReturn) && byReturn[k].Return < t; k++ {
-			if top == nil || tok(top).less(tok(byReturn[k])) {
-				top = byReturn[k]
+	for i := range cs { // in call order
+		o := &cs[i]
+		for ; k < len(acqs) && cs[acqs[k]].ret < o.call; k++ {
+			if top < 0 || cs[top].tok().less(cs[acqs[k]].tok()) {
+				top = acqs[k]
 			}
 		}
-	}
-	for _, op := range ops { // ops are in call order
-		advance(op.Call)
 		switch {
-		case op.Kind == OpAcquire && op.Out == OutOK:
+		case o.kind == kindAcquire && o.out == outOK:
 			c.res[InvRealTimeOrder].Checked++
-			if top != nil && !tok(top).less(tok(op)) {
+			if top >= 0 && !cs[top].tok().less(o.tok()) {
 				c.violate(InvRealTimeOrder, res, fmt.Sprintf(
 					"%s was granted to an acquisition that started after %s had been acknowledged",
-					tok(op), tok(top)), top, op)
+					o.tok(), cs[top].tok()), ops[top], ops[i])
 			}
-		case op.Write() && op.Out == OutOK:
+		case o.write() && o.out == outOK:
 			c.res[InvFence].Checked++
 			c.res[InvLeaseExists].Checked++
-			if top != nil && tok(op).less(tok(top)) {
+			if top >= 0 && o.tok().less(cs[top].tok()) {
 				c.violate(InvFence, res, fmt.Sprintf(
 					"%s with %s was accepted after %s had been acknowledged",
-					op.Kind, tok(op), tok(top)), top, op)
+					ops[i].Kind, o.tok(), cs[top].tok()), ops[top], ops[i])
 			}
-			if !made[lease{op.Owner, op.Gen}] && !maybeMade[op.Owner] {
+			if made.get(o.owner, o.gen) == nil && maybeMade.get(o.owner, struct{}{}) == nil {
 				c.violate(InvLeaseExists, res, fmt.Sprintf(
 					"%s was accepted for owner %s generation %d, which no acquisition was granted",
-					op.Kind, short(op.Owner), op.Gen), op)
+					ops[i].Kind, short(ops[i].Owner), o.gen), ops[i])
 			}
 		}
 	}
@@ -533,36 +538,37 @@ func (c *checker) restoresBetween(res string, from, to int64) bool {
 // bumps checks invariant 8 on one resource: once a bump of the epoch to E was acknowledged,
 // every acquisition called afterwards gets an epoch of at least E, and nothing carrying an
 // older epoch is accepted. A restore without a bump takes the epoch back and breaks this.
-func (c *checker) bumps(res string, ops []*Op) {
-	var bumps []*Op
-	for _, op := range ops {
-		if op.Kind == OpBump && op.Out == OutOK {
-			bumps = append(bumps, op)
+func (c *checker) bumps(res string, ops []*Op, cs []cop) {
+	var bumps []int32 // by index in ops
+	for i := range cs {
+		if cs[i].kind == kindBump && cs[i].out == outOK {
+			bumps = append(bumps, int32(i))
 		}
 	}
 	if len(bumps) == 0 {
 		return
 	}
-	sort.Slice(bumps, func(i, j int) bool { return bumps[i].Return < bumps[j].Return })
-	var top *Op
+	slices.SortStableFunc(bumps, func(a, b int32) int { return cmp.Compare(cs[a].ret, cs[b].ret) })
+	top := int32(-1)
 	k := 0
-	for _, op := range ops {
-		for ; k < len(bumps) && bumps[k].Return < op.Call; k++ {
-			if top == nil || bumps[k].Epoch > top.Epoch {
+	for i := range cs {
+		o := &cs[i]
+		for ; k < len(bumps) && cs[bumps[k]].ret < o.call; k++ {
+			if top < 0 || cs[bumps[k]].epoch > cs[top].epoch {
 				top = bumps[k]
 			}
 		}
-		if top == nil || op.Out != OutOK || (op.Kind != OpAcquire && !op.Write()) {
+		if top < 0 || o.out != outOK || (o.kind != kindAcquire && !o.write()) {
 			continue
 		}
 		c.res[InvBumpFences].Checked++
-		if op.Epoch < top.Epoch {
+		if o.epoch < cs[top].epoch {
 			what := "accepted"
-			if op.Kind == OpAcquire {
+			if o.kind == kindAcquire {
 				what = "granted"
 			}
 			c.violate(InvBumpFences, res, fmt.Sprintf("%s with %s was %s after the epoch was bumped to %d",
-				op.Kind, tok(op), what, top.Epoch), top, op)
+				ops[i].Kind, o.tok(), what, cs[top].epoch), ops[top], ops[i])
 		}
 	}
 }
@@ -576,45 +582,45 @@ const renewClockTolerance = 10 * time.Millisecond
 // expiry, engine-now + ttl, so engine-now at the renewal is that minus the ttl; it must be
 // before the lease's expiry as the previous acquisition or renewal of the lease returned it.
 // A lease with an earlier renewal of unknown outcome is skipped (its expiry is not known).
-func (c *checker) renewClock(res string, ops []*Op) {
-	type lease struct {
-		until   int64 // µs on the engine's clock; 0: unknown
-		by      *Op
-		unknown bool
-	}
-	type key struct {
-		owner      string
-		epoch, gen int64
-	}
-	leases := map[key]*lease{}
-	keyOf := func(op *Op) key { return key{op.Owner, op.Epoch, op.Gen} }
-	for _, op := range ops { // call order: one process runs one operation of a lease at a time
+func (c *checker) renewClock(res string, ops []*Op, cs []cop) {
+	leases := c.leases // by owner and token
+	leases.clear()
+	for i := range cs { // call order: one process runs one operation of a lease at a time
+		o := &cs[i]
 		switch {
-		case op.Kind == OpAcquire && op.Out == OutOK:
-			leases[keyOf(op)] = &lease{until: op.LeaseUntilUs, by: op}
-		case op.Kind == OpRenew:
-			l := leases[keyOf(op)]
+		case o.kind == kindAcquire && o.out == outOK:
+			leases.put(o.owner, o.tok(), renewed{until: o.leaseUntil, by: int32(i)})
+		case o.kind == kindRenew:
+			l := leases.get(o.owner, o.tok())
 			if l == nil {
 				continue
 			}
-			if op.Out != OutOK {
-				l.unknown = l.unknown || op.Unknown()
+			if o.out != outOK {
+				l.unknown = l.unknown || o.out == outUnknown
 				continue
 			}
-			if op.LeaseUntilUs == 0 || l.until == 0 || l.unknown {
-				l.until, l.by = op.LeaseUntilUs, op
+			if o.leaseUntil == 0 || l.until == 0 || l.unknown {
+				l.until, l.by = o.leaseUntil, int32(i)
 				continue
 			}
 			c.res[InvRenewClock].Checked++
-			now := op.LeaseUntilUs - op.TTLMs*1000
+			now := o.leaseUntil - o.ttl*1000
 			if now >= l.until+renewClockTolerance.Microseconds() {
 				c.violate(InvRenewClock, res, fmt.Sprintf(
 					"renew of %s was accepted at %s on the database's clock, %s after the lease expired there (%s)",
-					tok(op), usTime(now), time.Duration(now-l.until)*time.Microsecond, usTime(l.until)), l.by, op)
+					o.tok(), usTime(now), time.Duration(now-l.until)*time.Microsecond, usTime(l.until)), ops[l.by], ops[i])
 			}
-			l.until, l.by = op.LeaseUntilUs, op
+			l.until, l.by = o.leaseUntil, int32(i)
 		}
 	}
+}
+
+// renewed is what renewClock knows of a lease: its expiry as the latest acquisition or
+// renewal of it returned it.
+type renewed struct {
+	until   int64 // µs on the engine's clock; 0: unknown
+	by      int32 // the operation that returned it, by index in the resource's operations
+	unknown bool
 }
 
 func usTime(us int64) string { return time.UnixMicro(us).UTC().Format("15:04:05.000000") }
@@ -729,35 +735,37 @@ func (c *checker) liveness() {
 // publications checks invariant 4 on one resource: one accepted publication per token, and a
 // published generation that never decreases in real time, as seen by publications and reads,
 // except across a restore (a legitimate rollback: facts from before it are set aside).
-func (c *checker) publications(res string, ops []*Op) {
-	byTok := map[token]*Op{}
+func (c *checker) publications(res string, ops []*Op, cs []cop) {
+	byTok := map[token]int32{}
 	type known struct {
 		at  int64
 		pub int64
-		op  *Op
+		op  int32 // by index in ops
 	}
 	var facts []known // "the published generation was at least pub at time at"
-	for _, op := range ops {
+	for i := range cs {
+		o := &cs[i]
 		switch {
-		case (op.Kind == OpPublish || op.Kind == OpPublishRelease) && op.Out == OutOK:
+		case (o.kind == kindPublish || o.kind == kindPublishRelease) && o.out == outOK:
 			c.res[InvOnePublication].Checked++
-			if prev := byTok[tok(op)]; prev != nil {
-				c.violate(InvOnePublication, res, fmt.Sprintf("%s published twice", tok(op)), prev, op)
+			if prev, ok := byTok[o.tok()]; ok {
+				c.violate(InvOnePublication, res, fmt.Sprintf("%s published twice", o.tok()), ops[prev], ops[i])
 			} else {
-				byTok[tok(op)] = op
+				byTok[o.tok()] = int32(i)
 			}
-			facts = append(facts, known{op.Return, op.Gen, op})
-		case op.Read() && op.Out == OutOK:
-			facts = append(facts, known{op.Return, op.ReadPub, op})
+			facts = append(facts, known{o.ret, o.gen, int32(i)})
+		case o.read() && o.out == outOK:
+			facts = append(facts, known{o.ret, o.readPub, int32(i)})
 		}
 	}
-	sort.Slice(facts, func(i, j int) bool { return facts[i].at < facts[j].at })
+	slices.SortStableFunc(facts, func(a, b known) int { return cmp.Compare(a.at, b.at) })
 	var top *known
 	k := 0
 	var cut int64 = math.MinInt64 // facts up to here are from before a restore, which may roll them back
-	for _, op := range ops {
+	for i := range cs {
+		o := &cs[i]
 		for _, r := range c.restores[res] {
-			if r.Call < op.Call && r.Return > cut {
+			if r.Call < o.call && r.Return > cut {
 				cut, top = r.Return, nil
 				for j := range facts[:k] {
 					if facts[j].at > cut && (top == nil || facts[j].pub > top.pub) {
@@ -766,27 +774,27 @@ func (c *checker) publications(res string, ops []*Op) {
 				}
 			}
 		}
-		for ; k < len(facts) && facts[k].at < op.Call; k++ {
+		for ; k < len(facts) && facts[k].at < o.call; k++ {
 			if facts[k].at > cut && (top == nil || facts[k].pub > top.pub) {
 				top = &facts[k]
 			}
 		}
-		if op.Out != OutOK || top == nil {
+		if o.out != outOK || top == nil {
 			continue
 		}
 		switch {
-		case op.Kind == OpPublish || op.Kind == OpPublishRelease:
+		case o.kind == kindPublish || o.kind == kindPublishRelease:
 			c.res[InvPublishedGrows].Checked++
-			if op.Gen <= top.pub {
+			if o.gen <= top.pub {
 				c.violate(InvPublishedGrows, res, fmt.Sprintf(
 					"a publication of generation %d was accepted after the published generation was %d",
-					op.Gen, top.pub), top.op, op)
+					o.gen, top.pub), ops[top.op], ops[i])
 			}
-		case op.Read():
+		case o.read():
 			c.res[InvPublishedGrows].Checked++
-			if op.ReadPub < top.pub {
+			if o.readPub < top.pub {
 				c.violate(InvPublishedGrows, res, fmt.Sprintf(
-					"a read returned published generation %d after it had been %d", op.ReadPub, top.pub), top.op, op)
+					"a read returned published generation %d after it had been %d", o.readPub, top.pub), ops[top.op], ops[i])
 			}
 		}
 	}
@@ -883,22 +891,16 @@ func (c *checker) readers() {
 
 // identities checks invariant 12: every acquisition used a fresh owner identity.
 func (c *checker) identities() {
-	acquisitions := 0
-	for _, n := range c.r.Counts[OpAcquire] {
-		acquisitions += n
-	}
-	// Sized once: the map holds an owner per acquisition of the whole history, and growing
-	// it step by step moved every entry again at each doubling.
-	seen := make(map[string]*Op, acquisitions)
+	seen := make([]*Op, len(c.h.Owners)) // by owner number: no string hashed
 	for _, op := range c.h.Ops {
 		if op.Kind != OpAcquire {
 			continue
 		}
 		c.res[InvIdentityPerAcq].Checked++
-		if prev := seen[op.Owner]; prev != nil {
+		if prev := seen[op.OwnerN]; prev != nil {
 			c.violate(InvIdentityPerAcq, op.Resource, fmt.Sprintf("owner %s was used by two acquisitions", short(op.Owner)), prev, op)
 		}
-		seen[op.Owner] = op
+		seen[op.OwnerN] = op
 	}
 }
 

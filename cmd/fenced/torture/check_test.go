@@ -307,3 +307,25 @@ func TestOwnerUsedTwiceIsFlagged(t *testing.T) {
 		}
 	}
 }
+
+// The checks keyed by owner hold one key per owner in place and any further key of the same
+// owner apart (ownerMap): an owner used by two acquisitions (invariant 12 broken) must still
+// have each of its leases known to invariant 6, and only those.
+func TestOwnerUsedTwiceKeepsBothLeases(t *testing.T) {
+	for _, tc := range []struct {
+		gen  int64
+		want bool
+	}{{4, false}, {1, false}, {5, true}} {
+		h := valid()
+		h.acquire("A", 400, 410, "a1", OutOK, 4)
+		h.write("A", 420, 430, OpRenew, "a1", tc.gen, "", OutOK)
+		r := h.check(t)
+		flagged := false
+		for _, v := range r.Violations {
+			flagged = flagged || v.Invariant == InvLeaseExists
+		}
+		if flagged != tc.want {
+			t.Errorf("renew of generation %d: lease-exists flagged %v, want %v", tc.gen, flagged, tc.want)
+		}
+	}
+}
