@@ -112,16 +112,6 @@ func Check(h *History, init map[string]State, timeout time.Duration) *Result {
 	}
 	start := time.Now()
 	r := &Result{Counts: map[string]map[string]int{}, Linearizations: map[string]porcupine.LinearizationInfo{}}
-	for _, op := range h.Ops {
-		r.Ops++
-		if op.Unknown() {
-			r.Unknown++
-		}
-		if r.Counts[op.Kind] == nil {
-			r.Counts[op.Kind] = map[string]int{}
-		}
-		r.Counts[op.Kind][op.Out]++
-	}
 	c := &checker{h: h, r: r, res: map[string]*InvariantResult{}, restores: map[string][]*Op{},
 		made: newOwnerMap[int64, struct{}](len(h.Owners)), maybeMade: newOwnerMap[struct{}, struct{}](len(h.Owners)),
 		leases: newOwnerMap[token, renewed](len(h.Owners))}
@@ -131,7 +121,16 @@ func Check(h *History, init map[string]State, timeout time.Duration) *Result {
 	fencing := false
 	// Each resource's operations, indexed by its number (Op.ResN).
 	byRes, withGate := make([][]*Op, len(h.Resources())), make([][]*Op, len(h.Resources()))
+	// One pass over the history: at a million operations, each pass reads them from memory.
 	for _, op := range h.Ops {
+		r.Ops++
+		if op.Unknown() {
+			r.Unknown++
+		}
+		if r.Counts[op.Kind] == nil {
+			r.Counts[op.Kind] = map[string]int{}
+		}
+		r.Counts[op.Kind][op.Out]++
 		fencing = fencing || op.Kind == OpFence
 		withGate[op.ResN] = append(withGate[op.ResN], op)
 		if !op.Gate() { // the gate's operations are checked apart, not by the model
@@ -166,7 +165,7 @@ func Check(h *History, init map[string]State, timeout time.Duration) *Result {
 		c.bumps(res, ops, c.cops)
 		c.renewClock(res, ops, c.cops)
 		c.publications(res, ops, c.cops)
-		c.payloads(res, ops)
+		c.payloads(res, ops, c.cops)
 		flagged[res] = flagged[res] || len(r.Violations) > len(direct)
 		direct = r.Violations
 		// Proving that no order exists can take the search time exponential in the operations
@@ -801,14 +800,14 @@ func (c *checker) publications(res string, ops []*Op, cs []cop) {
 }
 
 // payloads checks invariant 5: what a read returns was published, by that generation.
-func (c *checker) payloads(res string, ops []*Op) {
+func (c *checker) payloads(res string, ops []*Op, cs []cop) {
 	// The payloads published per generation (a few at most: one generation's holder publishes
 	// them), keyed by the number, so that only a get's payload is compared, never hashed: the
 	// payloads' bytes, scattered over a large history, missed the cache at every hash.
 	published := map[int64][]string{}
-	for _, op := range ops {
-		if (op.Kind == OpPublish || op.Kind == OpPublishRelease) && (op.Out == OutOK || op.Unknown()) {
-			published[op.Gen] = append(published[op.Gen], op.Payload)
+	for i := range cs {
+		if o := &cs[i]; (o.kind == kindPublish || o.kind == kindPublishRelease) && (o.out == outOK || o.out == outUnknown) {
+			published[o.gen] = append(published[o.gen], ops[i].Payload)
 		}
 	}
 	hasSize := func(gen, size int64) bool {
@@ -819,11 +818,11 @@ func (c *checker) payloads(res string, ops []*Op) {
 		}
 		return false
 	}
-	for _, op := range ops {
-		if op.Out != OutOK || op.ReadPub == 0 {
+	for i := range cs { // only the reads' *Op are read
+		if o := &cs[i]; o.out != outOK || o.readPub == 0 || !o.read() {
 			continue
 		}
-		switch op.Kind {
+		switch op := ops[i]; op.Kind {
 		case OpGet:
 			c.res[InvPayloadBelongs].Checked++
 			if !slices.Contains(published[op.ReadPub], op.Payload) {
