@@ -114,7 +114,7 @@ func Check(h *History, init map[string]State, timeout time.Duration) *Result {
 	r := &Result{Counts: map[string]map[string]int{}, Linearizations: map[string]porcupine.LinearizationInfo{}}
 	c := &checker{h: h, r: r, res: map[string]*InvariantResult{}, restores: map[string][]*Op{},
 		made: newOwnerMap[int64, struct{}](len(h.Owners)), maybeMade: newOwnerMap[struct{}, struct{}](len(h.Owners)),
-		leases: newOwnerMap[token, renewed](len(h.Owners))}
+		leases: newOwnerMap[token, renewed](len(h.Owners)), local: newOwnerMap[struct{}, int32](len(h.Owners))}
 	for _, name := range Invariants {
 		c.res[name] = &InvariantResult{Name: name}
 	}
@@ -267,6 +267,7 @@ type checker struct {
 	maybeMade *ownerMap[struct{}, struct{}] // tokens: owners of acquisitions of unknown outcome
 	leases    *ownerMap[token, renewed]     // renewClock: each lease's latest known expiry
 	cops      []cop                         // the resource's operations as the direct checks read them
+	local     *ownerMap[struct{}, int32]    // modelOps: the search's numbers of the owners
 }
 
 func (c *checker) violate(inv, resource, msg string, involved ...*Op) {
@@ -345,7 +346,7 @@ func (c *checker) linearizable(res string, ops []*Op, init state, timeout time.D
 			ir.Checked++
 		}
 	}
-	mops, searched := modelOps(ops)
+	mops, searched := modelOps(ops, c.local)
 	// The linear search first (search.go); porcupine, whose memo is exact but quadratic, only
 	// to confirm and explain a history the search found illegal that no direct check flagged.
 	steps := searchStepsBase + searchStepsPerOp*len(mops)

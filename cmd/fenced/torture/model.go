@@ -273,11 +273,29 @@ type modelOp struct {
 	in        input
 	out       output
 	call, ret int64
+	// The owners in.Owner and out.Owner name, numbered from 0 within the operations
+	// searched; -1 for none.
+	inOwner, outOwner int32
 }
 
-// modelOps converts the history's operations for the model, leaving out those that change
-// nothing whatever their outcome; searched[i] is the operation out[i] comes from.
-func modelOps(ops []*Op) (out []modelOp, searched []*Op) {
+// modelOps converts the history's operations (made by Build) for the model, leaving out
+// those that change nothing whatever their outcome; searched[i] is the operation out[i] comes
+// from. Owners are numbered from 0 through local, keyed by their numbers in the history
+// (Op.OwnerN, Op.ReadOwnerN), which modelOps clears first.
+func modelOps(ops []*Op, local *ownerMap[struct{}, int32]) (out []modelOp, searched []*Op) {
+	local.clear()
+	next := int32(0)
+	number := func(n int32) int32 {
+		if n == 0 { // History.Owners[0] is ""
+			return -1
+		}
+		if id := local.get(n, struct{}{}); id != nil {
+			return *id
+		}
+		local.put(n, struct{}{}, next)
+		next++
+		return next - 1
+	}
 	out, searched = make([]modelOp, 0, len(ops)), make([]*Op, 0, len(ops))
 	for _, op := range ops {
 		if op.Unknown() && (op.Read() || op.Kind == OpRenew) {
@@ -303,7 +321,11 @@ func modelOps(ops []*Op) (out []modelOp, searched []*Op) {
 			o.Pub, o.Payload = op.ReadPub, op.Payload
 		}
 		// op.Return is End for an unknown outcome, but for a dropped reply (Build).
-		out = append(out, modelOp{in: in, out: o, call: op.Call, ret: op.Return})
+		m := modelOp{in: in, out: o, call: op.Call, ret: op.Return, inOwner: number(op.OwnerN), outOwner: -1}
+		if o.Owner != "" {
+			m.outOwner = number(op.ReadOwnerN)
+		}
+		out = append(out, m)
 		searched = append(searched, op)
 	}
 	return out, searched
@@ -311,7 +333,11 @@ func modelOps(ops []*Op) (out []modelOp, searched []*Op) {
 
 // porcupineOps converts the history's operations for porcupine.
 func porcupineOps(ops []*Op) []porcupine.Operation {
-	mops, searched := modelOps(ops)
+	owners := int32(0) // History.Owners' length, as far as ops show it
+	for _, op := range ops {
+		owners = max(owners, op.OwnerN+1, op.ReadOwnerN+1)
+	}
+	mops, searched := modelOps(ops, newOwnerMap[struct{}, int32](int(owners)))
 	return toPorcupine(mops, searched)
 }
 

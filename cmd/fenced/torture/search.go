@@ -98,12 +98,34 @@ func search(ops []porcupine.Operation, init []state, deadline time.Time, maxStep
 	for i, op := range ops {
 		mops[i] = modelOp{in: op.Input.(input), out: op.Output.(output), call: op.Call, ret: op.Return}
 	}
+	numberOwners(mops)
 	return searchModel(mops, init, deadline, maxSteps)
 }
 
+// numberOwners sets the owner numbers of ops (modelOp.inOwner, outOwner) with a map of the
+// owners' strings: the checker numbers them without hashing a string (modelOps).
+func numberOwners(ops []modelOp) {
+	ids := map[string]int32{}
+	number := func(o string) int32 {
+		if o == "" {
+			return -1
+		}
+		id, ok := ids[o]
+		if !ok {
+			id = int32(len(ids))
+			ids[o] = id
+		}
+		return id
+	}
+	for i := range ops {
+		ops[i].inOwner, ops[i].outOwner = number(ops[i].in.Owner), number(ops[i].out.Owner)
+	}
+}
+
 // searchModel is search on the operations as the model reads them, held by value in one
-// slice: the checker calls it directly, and makes porcupine's operations (an input and an
-// output boxed on the heap for each) only when porcupine has to run.
+// slice, their owners numbered: the checker calls it directly, and makes porcupine's
+// operations (an input and an output boxed on the heap for each) only when porcupine has to
+// run.
 func searchModel(ops []modelOp, init []state, deadline time.Time, maxSteps int) searchResult {
 	n := len(ops)
 	type stamp struct {
@@ -159,28 +181,21 @@ func searchModel(ops []modelOp, init []state, deadline time.Time, maxSteps int) 
 	// Owners no operation left to order can tell apart (see unobservable) are replaced by one
 	// placeholder. mentions[i] are the owners operation i names (in its input, or in what a read
 	// returned; -1 for none, held in place: no allocation per operation); left counts, per
-	// owner, the operations naming it not yet ordered.
-	// inOwner[i] is the number of the owner operation i's input names, -1 for none: each
-	// owner's string is hashed once here, not again below.
-	ownerID := make(map[string]int32, n/2)
+	// owner, the operations naming it not yet ordered. Owners are known by their numbers
+	// (modelOp.inOwner, outOwner), and a state's owner by the number kept beside it (stID):
+	// no owner's string is hashed here (at a million operations, a cache miss each).
 	mentions := make([][2]int32, n)
 	inOwner := make([]int32, n)
-	var left []int32
+	owners := int32(0)
+	for _, op := range ops {
+		owners = max(owners, op.inOwner+1, op.outOwner+1)
+	}
+	left := make([]int32, owners)
 	for i, op := range ops {
-		in, out := op.in, op.out
-		inOwner[i], mentions[i] = -1, [2]int32{-1, -1}
-		for j, o := range [2]string{in.Owner, out.Owner} {
-			if o == "" {
+		inOwner[i], mentions[i] = op.inOwner, [2]int32{-1, -1}
+		for _, id := range [2]int32{op.inOwner, op.outOwner} {
+			if id < 0 {
 				continue
-			}
-			id, ok := ownerID[o]
-			if !ok {
-				id = int32(len(left))
-				ownerID[o] = id
-				left = append(left, 0)
-			}
-			if j == 0 {
-				inOwner[i] = id
 			}
 			switch m := &mentions[i]; {
 			case m[0] < 0:
@@ -192,21 +207,17 @@ func searchModel(ops []modelOp, init []state, deadline time.Time, maxSteps int) 
 			}
 		}
 	}
-	// dead is called at every step, mostly for the owner of the step before: the last owner
-	// looked up is kept, so that most steps hash no string.
-	lastOwner, lastID := "", int32(-1)
-	dead := func(owner string) bool {
-		if owner == "" || owner == unobservable {
-			return false
-		}
-		if owner != lastOwner {
-			id, ok := ownerID[owner]
-			if !ok {
-				return true
+	// idOf is the number of an initial state's owner, -1 when no operation names it.
+	idOf := func(owner string) int32 {
+		for _, op := range ops {
+			if op.in.Owner == owner {
+				return op.inOwner
 			}
-			lastOwner, lastID = owner, id
+			if op.out.Owner == owner {
+				return op.outOwner
+			}
 		}
-		return left[lastID] == 0
+		return -1
 	}
 	// Twins. Operations with the same input and output but for an owner that only they name,
 	// and the same return, have the same effect on the states (their owners become
@@ -409,18 +420,24 @@ func searchModel(ops []modelOp, init []state, deadline time.Time, maxSteps int) 
 	type frame struct {
 		e     int
 		state state
-		alt   int // which of the operation's outcomes (step's results) was taken
-		limit int // in the second pass: the return it stopped at
-		mark  int // the undo log's length before
+		alt   int   // which of the operation's outcomes (step's results) was taken
+		limit int   // in the second pass: the return it stopped at
+		mark  int   // the undo log's length before
+		owner int32 // state's stID
 	}
-	var calls []frame
+	calls := make([]frame, 0, n) // as deep as every operation ordered: grown once
+	// stID is the number of st.Owner, -1 when st.Owner is "" or unobservable.
+	var stID int32
 	// The initial states already searched from. They are kept apart from the memo: below the
 	// root the set ordered is never empty, so the search never meets them there.
 	initial := map[state]struct{}{}
 	res := searchResult{verdict: linearizable, culprit: -1}
 	for _, st := range init {
-		if dead(st.Owner) {
-			st.Owner = unobservable
+		stID = -1
+		if st.Owner != "" && st.Owner != unobservable {
+			if stID = idOf(st.Owner); stID < 0 || left[stID] == 0 {
+				st.Owner, stID = unobservable, -1
+			}
 		}
 		if _, done := initial[st]; done {
 			continue
@@ -462,7 +479,7 @@ func searchModel(ops []modelOp, init []state, deadline time.Time, maxSteps int) 
 				seenSets[lin1] = struct{}{}
 				top := calls[len(calls)-1]
 				calls = calls[:len(calls)-1]
-				cur, st, from, limit = top.e, top.state, top.alt+1, top.limit
+				cur, st, stID, from, limit = top.e, top.state, top.owner, top.alt+1, top.limit
 				op := ev[cur].op
 				late = deferrable[op]
 				lin1, lin2 = lin1^z1[op], lin2^z2[op]
@@ -501,13 +518,21 @@ func searchModel(ops []modelOp, init []state, deadline time.Time, maxSteps int) 
 				if deferrable[e.op] && next == st {
 					continue // not taking effect: ordered last
 				}
-				// The owner an acquisition gives is the operation's own, whose number is known.
+				// The model gives the next state the operation's owner, keeps the state's, or
+				// clears it: the owner's number is known either way.
+				nextID := int32(-1)
 				if id := inOwner[e.op]; id >= 0 && next.Owner == in.Owner {
 					if left[id] == 0 {
 						next.Owner = unobservable
+					} else {
+						nextID = id
 					}
-				} else if dead(next.Owner) {
-					next.Owner = unobservable
+				} else if next.Owner != "" && next.Owner != unobservable { // st.Owner
+					if stID < 0 || left[stID] == 0 {
+						next.Owner = unobservable
+					} else {
+						nextID = stID
+					}
 				}
 				if _, maybe := seenSets[lin1^z1[e.op]]; maybe {
 					if _, done := seen[memoKey(lin1^z1[e.op], lin2^z2[e.op], next)]; done {
@@ -519,8 +544,8 @@ func searchModel(ops []modelOp, init []state, deadline time.Time, maxSteps int) 
 				if !deferrable[e.op] {
 					required--
 				}
-				calls = append(calls, frame{cur, st, a, limit, len(undo)})
-				st = next
+				calls = append(calls, frame{cur, st, a, limit, len(undo), stID})
+				st, stID = next, nextID
 				lift(cur)
 				cur, from, late, descended = ev[0].next, 0, false, true
 				break
