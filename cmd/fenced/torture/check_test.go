@@ -329,3 +329,18 @@ func TestOwnerUsedTwiceKeepsBothLeases(t *testing.T) {
 		}
 	}
 }
+
+// Resources are numbered in Build in sorted order, not in the order they appear: a violation
+// must be reported on its own resource whatever the order of the resources' first operations.
+func TestViolationNamesItsResource(t *testing.T) {
+	h := valid() // on "r"
+	h.op("C", 400, 410, Record{Op: OpAcquire, Resource: "a", Owner: "c1", TTLMs: 500}, Record{Out: OutOK, Gen: 1})
+	h.op("D", 420, 430, Record{Op: OpAcquire, Resource: "a", Owner: "d1", TTLMs: 500}, Record{Out: OutOK, Gen: 1})
+	r := h.check(t)
+	wantViolated(t, r, InvUniqueTokens)
+	for _, v := range r.Violations {
+		if v.Resource != "a" {
+			t.Errorf("%s reported on %q, want \"a\"", v.Invariant, v.Resource)
+		}
+	}
+}

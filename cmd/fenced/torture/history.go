@@ -8,6 +8,7 @@ import (
 	"math"
 	"os"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strings"
 	"sync"
@@ -365,9 +366,12 @@ func Build(recs []Record, truncated int) *History {
 		h.Start = 0
 	}
 	sort.SliceStable(h.Ops, func(i, j int) bool { return h.Ops[i].Call < h.Ops[j].Call })
-	owners := map[string]int32{"": 0}
+	owners := map[string]int32{}
 	h.Owners = []string{""}
 	number := func(o string) int32 {
+		if o == "" { // most reads name no owner
+			return 0
+		}
 		n, ok := owners[o]
 		if !ok {
 			n = int32(len(h.Owners))
@@ -376,22 +380,29 @@ func Build(recs []Record, truncated int) *History {
 		}
 		return n
 	}
+	// Resources are numbered in the order they appear, then renumbered in sorted order.
 	resources := map[string]int32{}
 	for i, op := range h.Ops {
 		op.Index = i
 		op.OwnerN, op.ReadOwnerN = number(op.Owner), number(op.ReadOwner)
 		op.kind, op.out = kindOf(op.Kind), outcomeOf(op.Out)
-		if _, ok := resources[op.Resource]; !ok {
-			resources[op.Resource] = 0
+		n, ok := resources[op.Resource]
+		if !ok {
+			n = int32(len(h.resources))
+			resources[op.Resource] = n
 			h.resources = append(h.resources, op.Resource)
 		}
+		op.ResN = n
 	}
-	sort.Strings(h.resources)
-	for i, r := range h.resources {
-		resources[r] = int32(i)
+	sorted := slices.Clone(h.resources)
+	sort.Strings(sorted)
+	renumber := make([]int32, len(sorted))
+	for i, r := range sorted {
+		renumber[resources[r]] = int32(i)
 	}
+	h.resources = sorted
 	for _, op := range h.Ops {
-		op.ResN = resources[op.Resource]
+		op.ResN = renumber[op.ResN]
 	}
 	sort.SliceStable(h.Events, func(i, j int) bool { return h.Events[i].Time < h.Events[j].Time })
 	return h
