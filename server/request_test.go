@@ -64,7 +64,7 @@ var plainRequestCases = []struct {
 
 // readBoth reads in with readPlainRequest, as the loop does (after a first byte has been
 // waited for), and with http.ReadRequest.
-func readBoth(in string, limit int) (plain *http.Request, ok bool, pbr *bufio.Reader, std *http.Request, stdErr error, sbr *bufio.Reader) {
+func readBoth(in string, limit int) (plain *http.Request, ok bool, pbr *bufio.Reader, std *http.Request, sbr *bufio.Reader, stdErr error) {
 	pbr = bufio.NewReader(strings.NewReader(in))
 	_, _ = pbr.Peek(1)
 	plain, ok = readPlainRequest(pbr, limit)
@@ -125,7 +125,7 @@ func samePlainRequest(p *http.Request, pbr *bufio.Reader, s *http.Request, sbr *
 // one, untouched, to it.
 func TestReadPlainRequestAsNetHTTP(t *testing.T) {
 	for _, c := range plainRequestCases {
-		p, ok, pbr, s, err, sbr := readBoth(c.in, 1<<20)
+		p, ok, pbr, s, sbr, err := readBoth(c.in, 1<<20)
 		if ok != c.plain {
 			t.Errorf("%s: read by hand %v, want %v", c.name, ok, c.plain)
 		}
@@ -160,7 +160,7 @@ func FuzzReadPlainRequest(f *testing.F) {
 		f.Add([]byte(c.in))
 	}
 	f.Fuzz(func(t *testing.T, in []byte) {
-		p, ok, pbr, s, err, sbr := readBoth(string(in), 1<<20)
+		p, ok, pbr, s, sbr, err := readBoth(string(in), 1<<20)
 		if !ok {
 			if pbr.Buffered() != min(len(in), 4096) {
 				t.Fatal("left to net/http after consuming input")

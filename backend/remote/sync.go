@@ -304,8 +304,7 @@ type plainAnswer struct {
 // international names, zones and anything after a slash or a space.
 func plainHost(host string) bool {
 	for i := 0; i < len(host); i++ {
-		c := host[i]
-		if !('a' <= c && c <= 'z' || 'A' <= c && c <= 'Z' || '0' <= c && c <= '9' || strings.IndexByte(".:-[]", c) >= 0) {
+		if c := host[i]; !plainhttp.Alnum(c) && strings.IndexByte(".:-[]", c) < 0 {
 			return false
 		}
 	}

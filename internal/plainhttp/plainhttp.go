@@ -52,13 +52,15 @@ func Header(s string) (http.Header, bool) {
 // TokenOnly reports whether s holds only letters, digits and '-'.
 func TokenOnly(s string) bool {
 	for i := 0; i < len(s); i++ {
-		c := s[i]
-		if !('a' <= c && c <= 'z' || 'A' <= c && c <= 'Z' || '0' <= c && c <= '9' || c == '-') {
+		if c := s[i]; !Alnum(c) && c != '-' {
 			return false
 		}
 	}
 	return true
 }
+
+// Alnum reports whether c is an ASCII letter or digit.
+func Alnum(c byte) bool { return 'a' <= c && c <= 'z' || 'A' <= c && c <= 'Z' || '0' <= c && c <= '9' }
 
 // Text reports whether b holds only printable ASCII characters and tabs.
 func Text[T string | []byte](b T) bool {

@@ -456,7 +456,6 @@ func (c *checker) searchViolation(res string, ops, searched []*Op, sr searchResu
 // token is (epoch, generation), compared as the destination compares it.
 type token struct{ e, g int64 }
 
-func tok(op *Op) token            { return token{op.Epoch, op.Gen} }
 func (a token) less(b token) bool { return a.e < b.e || (a.e == b.e && a.g < b.g) }
 func (a token) String() string    { return fmt.Sprintf("epoch %d generation %d", a.e, a.g) }
 
