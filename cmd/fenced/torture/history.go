@@ -2,6 +2,7 @@ package torture
 
 import (
 	"bufio"
+	"cmp"
 	"encoding/json"
 	"fmt"
 	"io/fs"
@@ -307,7 +308,10 @@ func Build(recs []Record, truncated int) *History {
 		proc string
 		id   int64
 	}
-	calls := map[key]*Op{}
+	// Sized for the usual shape, a call and its return: then neither the map nor the slice is
+	// grown (and rehashed or copied) again and again on a long history.
+	calls := make(map[key]*Op, len(recs)/2+1)
+	h.Ops = make([]*Op, 0, len(recs)/2+1)
 	var maxTime int64
 	for _, r := range recs {
 		h.Start = min(h.Start, r.Time)
@@ -365,7 +369,7 @@ func Build(recs []Record, truncated int) *History {
 	if len(recs) == 0 {
 		h.Start = 0
 	}
-	sort.SliceStable(h.Ops, func(i, j int) bool { return h.Ops[i].Call < h.Ops[j].Call })
+	slices.SortStableFunc(h.Ops, func(a, b *Op) int { return cmp.Compare(a.Call, b.Call) })
 	owners := map[string]int32{}
 	h.Owners = []string{""}
 	number := func(o string) int32 {
