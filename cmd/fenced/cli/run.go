@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"os"
 	"os/exec"
 	"strconv"
@@ -163,7 +164,7 @@ func (a *app) runCommandTo(ctx context.Context, l *fenced.Lease, argv []string, 
 	c.SysProcAttr = commandProcAttr()
 	c.WaitDelay = grace // a grandchild that keeps stdout open cannot hold us forever
 	if err := c.Start(); err != nil {
-		return &commandExit{code: 127, desc: fmt.Sprintf("start %s: %v", argv[0], err)}
+		return &commandExit{code: 127, desc: fmt.Sprintf("cannot start %s: %v", argv[0], startCause(err))}
 	}
 
 	exited := make(chan struct{})
@@ -220,4 +221,19 @@ func (b *limitedBuffer) Write(p []byte) (int, error) {
 	}
 	b.buf = append(b.buf, p...)
 	return n, nil
+}
+
+// startCause is why a command could not start, without the command's name, which the message
+// already gives: exec.Command and Start wrap the system's answer ("no such file or directory",
+// "permission denied") in errors that repeat the path.
+func startCause(err error) error {
+	var pe *fs.PathError
+	if errors.As(err, &pe) {
+		return pe.Err
+	}
+	var ee *exec.Error
+	if errors.As(err, &ee) {
+		return ee.Err
+	}
+	return err
 }

@@ -2,6 +2,7 @@ package cli_test
 
 import (
 	"bytes"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -44,8 +45,15 @@ func TestRunPassesOnFailure(t *testing.T) {
 	if st := tg.show("job"); st.Held || st.PublishedGeneration != 0 {
 		t.Fatalf("a failed command published or kept the lease: %+v", st)
 	}
-	if r := tg.run(nil, "run", "job", "--ttl", "30s", "--", "no-such-command-here"); r.code != 127 {
-		t.Fatalf("missing command: exit %d, stderr %q", r.code, r.stderr)
+	for cmd, why := range map[string]string{
+		"no-such-command-here": "executable file not found in $PATH",
+		"/no/such/command":     "no such file or directory",
+	} {
+		r := tg.run(nil, "run", "job", "--ttl", "30s", "--", cmd)
+		if want := fmt.Sprintf("cannot start %s: %s; nothing was published.", cmd, why); r.code != 127 ||
+			!strings.Contains(r.stderr, want) || strings.Count(r.stderr, cmd) != 1 {
+			t.Fatalf("missing command: exit %d, stderr %q, want 127 and %q naming the command once", r.code, r.stderr, want)
+		}
 	}
 	if r := tg.run(nil, "run", "job", "--ttl", "30s", "--", "sh", "-c", "kill -KILL $$"); r.code != 128+int(syscall.SIGKILL) {
 		t.Fatalf("command killed by a signal: exit %d, stderr %q", r.code, r.stderr)
