@@ -43,7 +43,10 @@ func (t Token) Compare(u Token) int {
 
 // String is the token as "EPOCH.GENERATION", the form ParseToken reads and the fenced command
 // prints and accepts (--token).
-func (t Token) String() string { return fmt.Sprintf("%d.%d", t.Epoch, t.Generation) }
+func (t Token) String() string {
+	var b [41]byte // two int64s and the dot, on the stack: the string is the one allocation
+	return string(strconv.AppendInt(append(strconv.AppendInt(b[:0], t.Epoch, 10), '.'), t.Generation, 10))
+}
 
 // lease names the lease holding t in messages: "lease 2.1", or "generation 1" when the epoch
 // is not known.

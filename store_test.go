@@ -302,6 +302,15 @@ func TestParseToken(t *testing.T) {
 	}
 }
 
+// TestTokenStringOneAllocation: the token's text is built on the stack and copied once; the
+// service writes one per answer. fmt.Sprintf took two (a generation past 255 is boxed).
+func TestTokenStringOneAllocation(t *testing.T) {
+	tok := Token{Epoch: 7, Generation: 1_000_000}
+	if n := testing.AllocsPerRun(100, func() { _ = tok.String() }); n != 1 {
+		t.Fatalf("Token.String: %v allocations, want 1", n)
+	}
+}
+
 func FuzzParseToken(f *testing.F) {
 	for _, s := range []string{"2.1", "0.0", "1.", "01.1", "9223372036854775808.1", "1.2.3"} {
 		f.Add(s)

@@ -77,6 +77,8 @@ type recorder struct {
 	gone   bool // a waiting client hung up before its answer; nothing was written
 	// principal is the authenticated caller, for the handlers that filter their answer.
 	principal *principal
+	// requestID holds the Fenced-Request-Id header's value, so that it is not a slice of its own.
+	requestID [1]string
 }
 
 // principalOf is the caller that handle authenticated for w's request.

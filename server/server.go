@@ -214,7 +214,8 @@ func (s *Server) handle(pattern, op string, need Role, h http.HandlerFunc) {
 				w.finish()
 			}
 		}()
-		w.Header().Set(headerRequestID, rand.Text()[:16])
+		w.requestID[0] = rand.Text()[:16]
+		w.Header()[headerRequestID] = w.requestID[:] // the canonical name: Set would only check it
 		p, prob := s.authenticate(r)
 		if prob != nil {
 			writeProblem(w, r, *prob)

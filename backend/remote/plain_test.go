@@ -4,11 +4,14 @@ import (
 	"bufio"
 	"bytes"
 	"errors"
+	"fmt"
 	"io"
 	"net/http"
 	"reflect"
 	"strings"
 	"testing"
+
+	"github.com/fenced-dev/fenced/driver"
 )
 
 // The driver's own requests through a SyncTransport are written byte for byte as
@@ -197,4 +200,18 @@ func FuzzReadPlain(f *testing.F) {
 			t.Fatalf("differs from net/http in the %s", diff)
 		}
 	})
+}
+
+// TestTokenText: the token sent with every lease request reads as the service parses it, from
+// one allocation.
+func TestTokenText(t *testing.T) {
+	for _, l := range []driver.LeaseRef{{Epoch: 2, Generation: 1}, {Epoch: 1 << 62, Generation: 1<<63 - 1}, {Epoch: 7, Generation: 1_000_000}} {
+		if got, want := tokenText(l), fmt.Sprintf("%d.%d", l.Epoch, l.Generation); got != want {
+			t.Errorf("tokenText(%+v) = %q, want %q", l, got, want)
+		}
+	}
+	l := driver.LeaseRef{Epoch: 7, Generation: 1_000_000}
+	if n := testing.AllocsPerRun(100, func() { _ = tokenText(l) }); n != 1 {
+		t.Fatalf("tokenText: %v allocations, want 1", n)
+	}
 }

@@ -529,7 +529,13 @@ func (d *Driver) acquire(ctx context.Context, resource string, body acquireBody)
 }
 
 func leaseBody(l driver.LeaseRef) map[string]any {
-	return map[string]any{"owner": l.Owner, "token": fmt.Sprintf("%d.%d", l.Epoch, l.Generation)}
+	return map[string]any{"owner": l.Owner, "token": tokenText(l)}
+}
+
+// tokenText is l's token as the service reads it, EPOCH.GENERATION, in one allocation.
+func tokenText(l driver.LeaseRef) string {
+	var b [41]byte
+	return string(strconv.AppendInt(append(strconv.AppendInt(b[:0], l.Epoch, 10), '.'), l.Generation, 10))
 }
 
 // refused reports whether the answer is the database's refusal of a lease operation.
@@ -558,7 +564,7 @@ func (d *Driver) Renew(ctx context.Context, l driver.LeaseRef, ttl time.Duration
 
 func (d *Driver) publish(ctx context.Context, verb string, l driver.LeaseRef, pub driver.Publication) (bool, error) {
 	// One array holds the values (any UTF-8 owner is percent-encoded).
-	v := [...]string{"application/octet-stream", url.PathEscape(l.Owner), fmt.Sprintf("%d.%d", l.Epoch, l.Generation), pub.OpID, ""}
+	v := [...]string{"application/octet-stream", url.PathEscape(l.Owner), tokenText(l), pub.OpID, ""}
 	h := http.Header{"Content-Type": v[0:1:1], "Fenced-Owner": v[1:2:2], "Fenced-Token": v[2:3:3], "Fenced-Op-Id": v[3:4:4]}
 	if pub.SourceVersion > 0 {
 		v[4] = strconv.FormatInt(pub.SourceVersion, 10)

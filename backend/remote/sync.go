@@ -202,7 +202,10 @@ func (t *syncTransport) roundTrip(req *http.Request, sent *atomic.Bool) (*http.R
 func (t *syncTransport) bounded(ctx context.Context, c *syncConn, exchange func() (closing bool, err error)) error {
 	deadline, _ := ctx.Deadline()
 	_ = c.SetDeadline(deadline)
-	stop := context.AfterFunc(ctx, func() { _ = c.SetDeadline(longAgo) })
+	stop := neverStopped
+	if ctx.Done() != nil { // else nothing can end ctx early, and AfterFunc's allocations are spared
+		stop = context.AfterFunc(ctx, func() { _ = c.SetDeadline(longAgo) })
+	}
 	closing, err := exchange()
 	if fired := !stop(); fired || err != nil {
 		_ = c.Close()
@@ -222,6 +225,9 @@ func (t *syncTransport) bounded(ctx context.Context, c *syncConn, exchange func(
 	}
 	return nil
 }
+
+// neverStopped is the stop function of a context that cannot end: nothing was to be stopped.
+func neverStopped() bool { return true }
 
 // roundTripPlain is roundTrip for a request of plainShape, written and read without
 // net/http's request and response; it sets sent where roundTrip does.
