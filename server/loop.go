@@ -129,7 +129,7 @@ func (l *loop) stop() {
 func (l *loop) run(first *http.Request) {
 	req := first
 	for {
-		keep, handed := l.serve(req)
+		keep, handed := l.serve(req, req == first)
 		if handed {
 			return // a parked waiter has the connection now
 		}
@@ -242,10 +242,18 @@ func (l *loop) reject(status string) {
 
 // serve answers one request; it reports whether the connection may carry another, or that
 // a parked waiter took it over.
-func (l *loop) serve(r *http.Request) (keep, handed bool) {
-	ctx, cancel := context.WithCancel(l.base)
-	defer cancel()
-	r = r.WithContext(ctx)
+//
+// The connection's first request is net/http's, and carries net/http's context, which ends
+// with the connection's handler: it gets the loop's base instead (its values, never ended).
+// The requests the loop reads itself carry none (context.Background) rather than a context
+// of their own for each, which took three allocations (WithCancel, and WithContext's copy of
+// the request): nothing ends a looped request's context anyway, since the loop learns of a
+// hang-up only by asking the connection (hungUp), and every handler's use of it (the stores'
+// reads, a waiting acquisition's context.AfterFunc) works the same on one that never ends.
+func (l *loop) serve(r *http.Request, first bool) (keep, handed bool) {
+	if first {
+		r = r.WithContext(l.base)
+	}
 	r.RemoteAddr = l.remoteAddr
 	if tc, ok := l.conn.(*tls.Conn); ok {
 		st := tc.ConnectionState()
