@@ -244,7 +244,11 @@ func (s *Server) fail(w http.ResponseWriter, r *http.Request, err error, mutatio
 // mutationContext detaches a mutation from the client's connection: once sent to the
 // database, its answer is waited for (up to MutationTimeout) even if the client hung up.
 func (s *Server) mutationContext(r *http.Request) (context.Context, context.CancelFunc) {
-	return context.WithTimeout(context.WithoutCancel(r.Context()), s.opts.MutationTimeout)
+	ctx := r.Context()
+	if ctx.Done() != nil { // a looped request's never ends (loop.serve): nothing to detach
+		ctx = context.WithoutCancel(ctx)
+	}
+	return context.WithTimeout(ctx, s.opts.MutationTimeout)
 }
 
 // Header values shared by every answer that has them: handlers and writers replace a
