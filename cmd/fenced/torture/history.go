@@ -209,6 +209,7 @@ type Op struct {
 	OwnerN, ReadOwnerN, ResN int32
 	kind                     opKind    // Kind's code, likewise
 	out                      opOutcome // Out's code
+	procN                    int32     // Proc's number, in the order the records first name it
 
 	Proc     string
 	ID       int64
@@ -302,101 +303,164 @@ func readFile(path string) ([]Record, int, error) {
 }
 
 // Build pairs calls with returns. It is exported for tests that write histories by hand.
+//
+// Its time grows with the history, not faster (issue 13): the operations are one slice of
+// Ops in call order (no heap object per operation, and the checks' passes read memory in
+// order), a call's return is found by process number and operation number in a slice per
+// process (Recorder numbers each process's calls 1, 2, 3...) instead of a map of strings, and
+// the strings an operation shares with others (process, resource, owner) point to one copy
+// each, so that the collector marks a handful of objects where it marked one per operation.
 func Build(recs []Record, truncated int) *History {
 	h := &History{Truncated: truncated, Start: math.MaxInt64}
-	type key struct {
-		proc string
-		id   int64
-	}
-	// Sized for the usual shape, a call and its return: then neither the map nor the slice is
-	// grown (and rehashed or copied) again and again on a long history.
-	calls := make(map[key]*Op, len(recs)/2+1)
-	h.Ops = make([]*Op, 0, len(recs)/2+1)
-	var maxTime int64
-	for _, r := range recs {
+	var (
+		maxTime int64
+		procs   pairing
+		calls   = make([]called, 0, len(recs)/2+1) // sized for the usual shape, a call and its return
+		sorted  = true
+		owners  int // the calls that may name a new owner: acquisitions, mostly
+	)
+	for i := range recs {
+		r := &recs[i]
 		h.Start = min(h.Start, r.Time)
 		maxTime = max(maxTime, r.Time, r.EndTime)
 		switch r.Kind {
 		case KindCall:
-			op := &Op{Proc: r.Proc, ID: r.ID, Kind: constant(r.Op), Resource: r.Resource, Owner: r.Owner, Epoch: r.Epoch, Gen: r.Gen,
-				TTLMs: r.TTLMs, Payload: r.Payload, Call: r.Time, Out: OutUnknown, StoreEpoch: r.StoreEpoch,
-				ReadOwner: r.ReadOwner, ReadPub: r.ReadPub}
-			calls[key{r.Proc, r.ID}] = op
-			h.Ops = append(h.Ops, op)
+			if n := len(calls); n > 0 && r.Time < calls[n-1].t {
+				sorted = false
+			}
+			if r.Owner != "" && r.Op != OpRenew && r.Op != OpPublish && r.Op != OpPublishRelease && r.Op != OpRelease {
+				owners++
+			}
+			calls = append(calls, called{t: r.Time, rec: int32(i), j: int32(len(calls)), proc: procs.put(r.Proc, r.ID, int32(len(calls)))})
 		case KindEvent:
-			h.Events = append(h.Events, r)
+			h.Events = append(h.Events, *r)
 		}
 	}
-	for _, r := range recs {
-		op := calls[key{r.Proc, r.ID}]
-		if op == nil {
+	if !sorted { // in call order, ties in the records' order: a stable sort by call time
+		slices.SortFunc(calls, func(a, b called) int { return cmp.Or(cmp.Compare(a.t, b.t), cmp.Compare(a.j, b.j)) })
+	}
+	// at[j] is the place in call order of the j-th call in the records' order.
+	at := make([]int32, len(calls))
+	ops := make([]Op, len(calls))
+	h.Ops = make([]*Op, len(calls))
+	for i, c := range calls {
+		at[c.j] = int32(i)
+		r := &recs[c.rec]
+		ops[i] = Op{Index: i, procN: c.proc, ID: r.ID, Kind: constant(r.Op),
+			Resource: r.Resource, Owner: r.Owner, Epoch: r.Epoch, Gen: r.Gen, TTLMs: r.TTLMs, Payload: r.Payload,
+			Call: r.Time, Out: OutUnknown, StoreEpoch: r.StoreEpoch, ReadOwner: r.ReadOwner, ReadPub: r.ReadPub}
+		h.Ops[i] = &ops[i]
+	}
+	for i := range recs {
+		r := &recs[i]
+		if r.Kind != KindReturn && r.Kind != KindNote {
 			continue
 		}
-		switch r.Kind {
-		case KindReturn:
-			op.Return, op.Out, op.Err = r.Time, constant(r.Out), r.Err
-			op.LeaseUntilUs, op.NowUs = r.LeaseUntilUs, r.NowUs
-			if r.Out == "" || r.Out == OutUnknown {
-				op.Out = OutUnknown
-			}
-			switch op.Kind {
-			case OpAcquire:
-				op.Epoch, op.Gen = r.Epoch, r.Gen
-			case OpBump:
-				op.Epoch = r.Epoch
-			case OpSnapshot:
-				op.ReadGen, op.ReadOwner, op.ReadPub, op.Payload, op.StoreEpoch = r.Gen, r.ReadOwner, r.ReadPub, r.Payload, r.StoreEpoch
-			case OpShow:
-				op.ReadGen, op.ReadOwner, op.ReadPub, op.PayloadBytes = r.Gen, r.ReadOwner, r.ReadPub, r.PayloadBytes
-				op.StoreEpoch = r.StoreEpoch
-			case OpGet:
-				op.ReadPub, op.Payload = r.ReadPub, r.Payload
-			}
-		case KindNote:
+		j := procs.get(r.Proc, r.ID)
+		if j < 0 {
+			continue
+		}
+		op := &ops[at[j]]
+		if r.Kind == KindNote {
 			op.Note = r.Detail
+			continue
+		}
+		op.Return, op.Out, op.Err = r.Time, constant(r.Out), r.Err
+		op.LeaseUntilUs, op.NowUs = r.LeaseUntilUs, r.NowUs
+		if r.Out == "" || r.Out == OutUnknown {
+			op.Out = OutUnknown
+		}
+		switch op.Kind {
+		case OpAcquire:
+			op.Epoch, op.Gen = r.Epoch, r.Gen
+		case OpBump:
+			op.Epoch = r.Epoch
+		case OpSnapshot:
+			op.ReadGen, op.ReadOwner, op.ReadPub, op.Payload, op.StoreEpoch = r.Gen, r.ReadOwner, r.ReadPub, r.Payload, r.StoreEpoch
+		case OpShow:
+			op.ReadGen, op.ReadOwner, op.ReadPub, op.PayloadBytes = r.Gen, r.ReadOwner, r.ReadPub, r.PayloadBytes
+			op.StoreEpoch = r.StoreEpoch
+		case OpGet:
+			op.ReadPub, op.Payload = r.ReadPub, r.Payload
 		}
 	}
 	h.End = maxTime + 1
-	for _, op := range h.Ops {
-		// An unknown outcome may take effect at any moment after the call, so it returns at
-		// the end of the history; except a reply the drop-reply fault threw away: the worker's
-		// wrapper had the database's answer before its RETURN record, so the effect, whatever
-		// it was, lies within the recorded interval (its outcome stays unknown to the checker).
-		if op.Unknown() && (op.Note == "" || op.Return == 0) {
-			op.Return = h.End
-		}
-	}
 	if len(recs) == 0 {
 		h.Start = 0
 	}
-	slices.SortStableFunc(h.Ops, func(a, b *Op) int { return cmp.Compare(a.Call, b.Call) })
-	owners := map[string]int32{}
-	h.Owners = []string{""}
+	h.number(ops, procs.names, owners)
+	sort.SliceStable(h.Events, func(i, j int) bool { return h.Events[i].Time < h.Events[j].Time })
+	return h
+}
+
+// called is a call record's place: its time, its index in the records and among the calls,
+// and its process's number.
+type called struct {
+	t            int64
+	rec, j, proc int32
+}
+
+// number settles what Build leaves after pairing: an unknown outcome's return, the owners' and
+// the resources' numbers, and one copy of each shared string.
+func (h *History) number(ops []Op, procs []string, owners int) {
+	// Owners are numbered in call order, each operation's Owner before its ReadOwner. Most
+	// operations name the owner their process named last (its lease), and most reads the
+	// owner last numbered on their resource (its holder): both are compared before the map,
+	// whose table, at a million operations, is a cache miss per lookup.
+	numbers := make(map[string]int32, owners+16) // sized once: no table copied as it grows
+	h.Owners = make([]string, 1, owners+16)
 	number := func(o string) int32 {
-		if o == "" { // most reads name no owner
-			return 0
-		}
-		n, ok := owners[o]
+		n, ok := numbers[o]
 		if !ok {
 			n = int32(len(h.Owners))
-			owners[o] = n
+			numbers[o] = n
 			h.Owners = append(h.Owners, o)
 		}
 		return n
 	}
+	type last struct {
+		s string
+		n int32
+	}
+	byProc := make([]last, len(procs))
 	// Resources are numbered in the order they appear, then renumbered in sorted order.
 	resources := map[string]int32{}
-	for i, op := range h.Ops {
-		op.Index = i
-		op.OwnerN, op.ReadOwnerN = number(op.Owner), number(op.ReadOwner)
+	var byRes []last // the owner last numbered on each resource
+	for i := range ops {
+		op := &ops[i]
+		if op.Unknown() && (op.Note == "" || op.Return == 0) {
+			// An unknown outcome may take effect at any moment after the call, so it returns
+			// at the end of the history; except a reply the drop-reply fault threw away: the
+			// worker's wrapper had the database's answer before its RETURN record, so the
+			// effect, whatever it was, lies within the recorded interval (its outcome stays
+			// unknown to the checker).
+			op.Return = h.End
+		}
+		op.Proc = procs[op.procN]
 		op.kind, op.out = kindOf(op.Kind), outcomeOf(op.Out)
 		n, ok := resources[op.Resource]
 		if !ok {
 			n = int32(len(h.resources))
 			resources[op.Resource] = n
 			h.resources = append(h.resources, op.Resource)
+			byRes = append(byRes, last{})
 		}
-		op.ResN = n
+		op.ResN, op.Resource = n, h.resources[n]
+		if p := &byProc[op.procN]; op.Owner != "" {
+			if op.Owner != p.s {
+				p.n = number(op.Owner)
+				p.s = h.Owners[p.n]
+			}
+			op.OwnerN, op.Owner = p.n, p.s
+			byRes[n] = *p
+		}
+		if op.ReadOwner != "" {
+			if r := &byRes[n]; op.ReadOwner != r.s {
+				r.n = number(op.ReadOwner)
+				r.s = h.Owners[r.n]
+			}
+			op.ReadOwnerN, op.ReadOwner = byRes[n].n, byRes[n].s
+		}
 	}
 	sorted := slices.Clone(h.resources)
 	sort.Strings(sorted)
@@ -405,11 +469,85 @@ func Build(recs []Record, truncated int) *History {
 		renumber[resources[r]] = int32(i)
 	}
 	h.resources = sorted
-	for _, op := range h.Ops {
-		op.ResN = renumber[op.ResN]
+	for i := range ops {
+		ops[i].ResN = renumber[ops[i].ResN]
 	}
-	sort.SliceStable(h.Events, func(i, j int) bool { return h.Events[i].Time < h.Events[j].Time })
-	return h
+}
+
+// pairing finds a call by its process and its number within the process. Processes are few
+// and numbered through a small map; a process's calls, numbered 1, 2, 3... by its Recorder,
+// sit in a slice indexed by that number. A number far from that pattern (a history written
+// by hand) goes to a map, so that no input makes the slices large.
+type pairing struct {
+	names  []string
+	byName map[string]int32
+	lastP  int32     // the process named last, compared before the map
+	dense  [][]int32 // by process and number: 1 + the call's index, 0 for none
+	sparse map[procCall]int32
+}
+
+type procCall struct {
+	proc int32
+	id   int64
+}
+
+// number is proc's number, given to it at its first call.
+func (p *pairing) number(proc string) int32 {
+	if len(p.names) > 0 && p.names[p.lastP] == proc {
+		return p.lastP
+	}
+	n, ok := p.byName[proc]
+	if !ok {
+		if p.byName == nil {
+			p.byName = map[string]int32{}
+		}
+		n = int32(len(p.names))
+		p.byName[proc] = n
+		p.names = append(p.names, proc)
+		p.dense = append(p.dense, nil)
+	}
+	p.lastP = n
+	return n
+}
+
+// put records call j as (proc, id), and returns proc's number; a later call with the same
+// pair replaces it.
+func (p *pairing) put(proc string, id int64, j int32) int32 {
+	n := p.number(proc)
+	d := p.dense[n]
+	if id >= 0 && id <= 2*int64(len(d))+64 {
+		for int64(len(d)) <= id {
+			d = append(d, 0)
+		}
+		d[id], p.dense[n] = j+1, d
+		return n
+	}
+	// Not in the slice's range, now or ever before (it only grows): an entry of the slice,
+	// which get reads first, replaces this one only when a later call takes the same pair.
+	if p.sparse == nil {
+		p.sparse = map[procCall]int32{}
+	}
+	p.sparse[procCall{n, id}] = j
+	return n
+}
+
+// get is the call recorded as (proc, id), -1 when none was.
+func (p *pairing) get(proc string, id int64) int32 {
+	n := p.lastP
+	if len(p.names) == 0 || p.names[n] != proc {
+		var ok bool
+		if n, ok = p.byName[proc]; !ok {
+			return -1
+		}
+		p.lastP = n
+	}
+	if d := p.dense[n]; id >= 0 && id < int64(len(d)) && d[id] > 0 {
+		return d[id] - 1
+	}
+	if j, ok := p.sparse[procCall{n, id}]; ok {
+		return j
+	}
+	return -1
 }
 
 // constant returns the Op or Out constant equal to s, or s: comparing an operation's kind or
