@@ -87,6 +87,23 @@ func TestStaleEpochAfterBumpFlagged(t *testing.T) {
 	wantViolated(t, r, InvBumpFences, InvLinearizable)
 }
 
+// TestBumpBelowAnEarlierBumpFlagged: a restore takes the epoch back to the copy's, and the
+// bump after it raises it above the copy's but not to the largest epoch already acknowledged;
+// an acquisition granted that epoch afterwards is older than a bump acknowledged before its
+// call. The model allows it (each bump raises the epoch it finds); only the bump check's
+// largest epoch, not the latest bump's, sees it.
+func TestBumpBelowAnEarlierBumpFlagged(t *testing.T) {
+	h := &hist{}
+	h.acq("A", 10, 20, "a1", 100, 1)
+	h.snapshot(30, 40, 100, 1, "a1", 0, "")
+	h.bump(50, 60, 300)
+	h.restore(70, 80, 100, 1, "", 0, "")
+	h.bump(90, 100, 200)
+	h.acq("B", 110, 120, "b1", 200, 2)
+	r := h.check(t)
+	wantViolated(t, r, InvBumpFences)
+}
+
 func TestSnapshotMustMatchAState(t *testing.T) {
 	h := &hist{}
 	h.acq("A", 10, 20, "a1", 100, 1)
