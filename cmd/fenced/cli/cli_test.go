@@ -327,6 +327,7 @@ func postgresSchema(t *testing.T) string {
 }
 
 func TestLifecycle(t *testing.T) {
+	t.Parallel()
 	forEachTarget(t, func(tg target) {
 		t := tg.t
 		tg.ok(nil, "migrate")
@@ -407,6 +408,7 @@ func TestLifecycle(t *testing.T) {
 }
 
 func TestExitCodes(t *testing.T) {
+	t.Parallel()
 	forEachTarget(t, func(tg target) {
 		t := tg.t
 		tg.ok(nil, "provision", "r", "empty")
@@ -498,6 +500,7 @@ func TestExitCodes(t *testing.T) {
 }
 
 func TestOperationalError(t *testing.T) {
+	t.Parallel()
 	dir := t.TempDir()
 	r := runIn(t, dir, "sqlite:"+filepath.Join(dir, "no", "such", "dir", "x.db"), nil, "show", "r")
 	if r.code != 1 {
@@ -522,6 +525,7 @@ func TestOperationalError(t *testing.T) {
 }
 
 func TestDatabaseSelection(t *testing.T) {
+	t.Parallel()
 	dir := t.TempDir()
 	exists := func(name string) bool {
 		_, err := os.Stat(filepath.Join(dir, name))
@@ -552,6 +556,7 @@ func TestDatabaseSelection(t *testing.T) {
 }
 
 func TestHelp(t *testing.T) {
+	t.Parallel()
 	dir := t.TempDir()
 	r := runIn(t, dir, "", nil, "help")
 	if r.code != 0 {
@@ -580,6 +585,7 @@ func TestHelp(t *testing.T) {
 // restore) is a usage error, not its help with exit 0 that a script would take for a bump;
 // every positional-argument error names what is missing. Nothing touches the database.
 func TestArgumentErrors(t *testing.T) {
+	t.Parallel()
 	dir := t.TempDir()
 	for _, tc := range []struct {
 		args []string
@@ -611,6 +617,7 @@ func TestArgumentErrors(t *testing.T) {
 }
 
 func TestDemo(t *testing.T) {
+	t.Parallel()
 	start := time.Now()
 	r := runIn(t, t.TempDir(), "", nil, "demo")
 	out := string(r.stdout)
@@ -639,15 +646,19 @@ func TestDemo(t *testing.T) {
 			t.Errorf("the timeline has no line matching %s", want)
 		}
 	}
-	// The temporary directory is gone and no worker outlived the demo.
-	if m := regexp.MustCompile(`SQLite in (\S+)`).FindStringSubmatch(out); m == nil {
-		t.Error("the demo did not say where its database was")
-	} else if _, err := os.Stat(m[1]); !os.IsNotExist(err) {
+	// The temporary directory is gone and no worker outlived the demo. Other tests run demos
+	// at the same time: a worker is this demo's when its --db is in this demo's directory.
+	m := regexp.MustCompile(`SQLite in (\S+)`).FindStringSubmatch(out)
+	if m == nil {
+		t.Fatal("the demo did not say where its database was")
+	}
+	if _, err := os.Stat(m[1]); !os.IsNotExist(err) {
 		t.Errorf("the demo left %s behind (%v)", m[1], err)
 	}
 	if procs, err := filepath.Glob("/proc/[0-9]*/cmdline"); err == nil {
 		for _, p := range procs {
-			if cmdline, err := os.ReadFile(p); err == nil && bytes.HasPrefix(cmdline, []byte(bin+"\x00demo-worker")) {
+			cmdline, err := os.ReadFile(p)
+			if err == nil && bytes.HasPrefix(cmdline, []byte(bin+"\x00demo-worker")) && bytes.Contains(cmdline, []byte("\x00sqlite:"+m[1]+"/")) {
 				t.Errorf("a demo worker outlived the demo: %s", p)
 			}
 		}
