@@ -21,11 +21,18 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/fenced-dev/fenced"
+	"github.com/fenced-dev/fenced/cmd/fenced/cli"
 	"github.com/fenced-dev/fenced/driver/drivertest"
 )
 
-// bin is the fenced binary under test, built once by TestMain.
+// bin is the fenced binary under test: this test binary itself, which runs as the fenced
+// command when asFenced is set in its environment (TestMain sets it for every process the
+// tests start). A separate build of cmd/fenced with -race, linked before the first test could
+// start, was minutes of the package's time on a loaded machine.
 var bin string
+
+// asFenced is the environment variable that makes this binary the fenced command.
+const asFenced = "FENCED_CLI_TEST_AS_FENCED"
 
 // defaultParallel is how many of this package's parallel tests run at once unless -parallel
 // says otherwise. Most of them wait: on the fenced binary in a child process, on a torture run
@@ -34,30 +41,27 @@ var bin string
 const defaultParallel = 3
 
 func TestMain(m *testing.M) {
+	if os.Getenv(asFenced) == "1" {
+		os.Exit(cli.Process())
+	}
 	flag.Parse()
 	parallelSet := false
 	flag.Visit(func(f *flag.Flag) { parallelSet = parallelSet || f.Name == "test.parallel" })
 	if !parallelSet {
 		_ = flag.Set("test.parallel", strconv.Itoa(defaultParallel))
 	}
-	dir, err := os.MkdirTemp("", "fenced-cli-test-")
-	if err != nil {
+	var err error
+	if bin, err = os.Executable(); err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		os.Exit(1)
 	}
-	bin = filepath.Join(dir, "fenced")
-	args := []string{"build", "-o", bin}
-	if raceEnabled {
-		args = append(args, "-race")
-	}
-	build := exec.Command("go", append(args, "github.com/fenced-dev/fenced/cmd/fenced")...)
-	if out, err := build.CombinedOutput(); err != nil {
-		fmt.Fprintf(os.Stderr, "build fenced: %v\n%s", err, out)
-		_ = os.RemoveAll(dir)
+	// Every child inherits it: the tests and the fenced command start their processes with
+	// this environment, or with it and more.
+	if err := os.Setenv(asFenced, "1"); err != nil {
+		fmt.Fprintln(os.Stderr, err)
 		os.Exit(1)
 	}
 	code := m.Run()
-	_ = os.RemoveAll(dir)
 	if code == 0 {
 		// opencensus starts a worker in its package init (pulled in by the GCS client that
 		// fake-gcs-server uses); it is not a goroutine a test left behind.
