@@ -70,6 +70,7 @@ func artifactArgs(resource string, l leaseOut, file string, extra ...string) []s
 // artifact is refused; get follows B's pointer byte for byte, show and get --pointer print it,
 // and gc removes A's orphan only.
 func TestArtifactHandover(t *testing.T) {
+	t.Parallel()
 	forEachTarget(t, func(tg target) {
 		t := tg.t
 		const res = "rapport annuel/€ 1"
@@ -169,6 +170,7 @@ func TestArtifactHandover(t *testing.T) {
 // Without --store and FENCED_STORE, a SQLite database keeps its artifacts in PATH.artifacts;
 // another database needs a store named.
 func TestArtifactDefaultStore(t *testing.T) {
+	t.Parallel()
 	forEachTarget(t, func(tg target) {
 		t := tg.t
 		const res = "défaut"
@@ -203,6 +205,7 @@ func TestArtifactDefaultStore(t *testing.T) {
 
 // Bad input: one sentence, the right exit code, nothing published.
 func TestArtifactBadInput(t *testing.T) {
+	t.Parallel()
 	forEachTarget(t, func(tg target) {
 		t := tg.t
 		const res = "bad input"

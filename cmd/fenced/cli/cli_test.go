@@ -21,11 +21,18 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/fenced-dev/fenced"
+	"github.com/fenced-dev/fenced/cmd/fenced/cli"
 	"github.com/fenced-dev/fenced/driver/drivertest"
 )
 
-// bin is the fenced binary under test, built once by TestMain.
+// bin is the fenced binary under test: this test binary itself, which runs as the fenced
+// command when asFenced is set in its environment (TestMain sets it for every process the
+// tests start). A separate build of cmd/fenced with -race, linked before the first test could
+// start, was minutes of the package's time on a loaded machine.
 var bin string
+
+// asFenced is the environment variable that makes this binary the fenced command.
+const asFenced = "FENCED_CLI_TEST_AS_FENCED"
 
 // defaultParallel is how many of this package's parallel tests run at once unless -parallel
 // says otherwise. Most of them wait: on the fenced binary in a child process, on a torture run
@@ -34,30 +41,27 @@ var bin string
 const defaultParallel = 3
 
 func TestMain(m *testing.M) {
+	if os.Getenv(asFenced) == "1" {
+		os.Exit(cli.Process())
+	}
 	flag.Parse()
 	parallelSet := false
 	flag.Visit(func(f *flag.Flag) { parallelSet = parallelSet || f.Name == "test.parallel" })
 	if !parallelSet {
 		_ = flag.Set("test.parallel", strconv.Itoa(defaultParallel))
 	}
-	dir, err := os.MkdirTemp("", "fenced-cli-test-")
-	if err != nil {
+	var err error
+	if bin, err = os.Executable(); err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		os.Exit(1)
 	}
-	bin = filepath.Join(dir, "fenced")
-	args := []string{"build", "-o", bin}
-	if raceEnabled {
-		args = append(args, "-race")
-	}
-	build := exec.Command("go", append(args, "github.com/fenced-dev/fenced/cmd/fenced")...)
-	if out, err := build.CombinedOutput(); err != nil {
-		fmt.Fprintf(os.Stderr, "build fenced: %v\n%s", err, out)
-		_ = os.RemoveAll(dir)
+	// Every child inherits it: the tests and the fenced command start their processes with
+	// this environment, or with it and more.
+	if err := os.Setenv(asFenced, "1"); err != nil {
+		fmt.Fprintln(os.Stderr, err)
 		os.Exit(1)
 	}
 	code := m.Run()
-	_ = os.RemoveAll(dir)
 	if code == 0 {
 		// opencensus starts a worker in its package init (pulled in by the GCS client that
 		// fake-gcs-server uses); it is not a goroutine a test left behind.
@@ -327,6 +331,7 @@ func postgresSchema(t *testing.T) string {
 }
 
 func TestLifecycle(t *testing.T) {
+	t.Parallel()
 	forEachTarget(t, func(tg target) {
 		t := tg.t
 		tg.ok(nil, "migrate")
@@ -407,6 +412,7 @@ func TestLifecycle(t *testing.T) {
 }
 
 func TestExitCodes(t *testing.T) {
+	t.Parallel()
 	forEachTarget(t, func(tg target) {
 		t := tg.t
 		tg.ok(nil, "provision", "r", "empty")
@@ -498,6 +504,7 @@ func TestExitCodes(t *testing.T) {
 }
 
 func TestOperationalError(t *testing.T) {
+	t.Parallel()
 	dir := t.TempDir()
 	r := runIn(t, dir, "sqlite:"+filepath.Join(dir, "no", "such", "dir", "x.db"), nil, "show", "r")
 	if r.code != 1 {
@@ -522,6 +529,7 @@ func TestOperationalError(t *testing.T) {
 }
 
 func TestDatabaseSelection(t *testing.T) {
+	t.Parallel()
 	dir := t.TempDir()
 	exists := func(name string) bool {
 		_, err := os.Stat(filepath.Join(dir, name))
@@ -552,6 +560,7 @@ func TestDatabaseSelection(t *testing.T) {
 }
 
 func TestHelp(t *testing.T) {
+	t.Parallel()
 	dir := t.TempDir()
 	r := runIn(t, dir, "", nil, "help")
 	if r.code != 0 {
@@ -580,6 +589,7 @@ func TestHelp(t *testing.T) {
 // restore) is a usage error, not its help with exit 0 that a script would take for a bump;
 // every positional-argument error names what is missing. Nothing touches the database.
 func TestArgumentErrors(t *testing.T) {
+	t.Parallel()
 	dir := t.TempDir()
 	for _, tc := range []struct {
 		args []string
@@ -611,6 +621,7 @@ func TestArgumentErrors(t *testing.T) {
 }
 
 func TestDemo(t *testing.T) {
+	t.Parallel()
 	start := time.Now()
 	r := runIn(t, t.TempDir(), "", nil, "demo")
 	out := string(r.stdout)
@@ -639,15 +650,19 @@ func TestDemo(t *testing.T) {
 			t.Errorf("the timeline has no line matching %s", want)
 		}
 	}
-	// The temporary directory is gone and no worker outlived the demo.
-	if m := regexp.MustCompile(`SQLite in (\S+)`).FindStringSubmatch(out); m == nil {
-		t.Error("the demo did not say where its database was")
-	} else if _, err := os.Stat(m[1]); !os.IsNotExist(err) {
+	// The temporary directory is gone and no worker outlived the demo. Other tests run demos
+	// at the same time: a worker is this demo's when its --db is in this demo's directory.
+	m := regexp.MustCompile(`SQLite in (\S+)`).FindStringSubmatch(out)
+	if m == nil {
+		t.Fatal("the demo did not say where its database was")
+	}
+	if _, err := os.Stat(m[1]); !os.IsNotExist(err) {
 		t.Errorf("the demo left %s behind (%v)", m[1], err)
 	}
 	if procs, err := filepath.Glob("/proc/[0-9]*/cmdline"); err == nil {
 		for _, p := range procs {
-			if cmdline, err := os.ReadFile(p); err == nil && bytes.HasPrefix(cmdline, []byte(bin+"\x00demo-worker")) {
+			cmdline, err := os.ReadFile(p)
+			if err == nil && bytes.HasPrefix(cmdline, []byte(bin+"\x00demo-worker")) && bytes.Contains(cmdline, []byte("\x00sqlite:"+m[1]+"/")) {
 				t.Errorf("a demo worker outlived the demo: %s", p)
 			}
 		}

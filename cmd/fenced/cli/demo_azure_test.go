@@ -41,6 +41,7 @@ func TestDemoAzure(t *testing.T) {
 }
 
 func TestDemoAzureBadEndpoint(t *testing.T) {
+	t.Parallel()
 	dir := t.TempDir()
 	for args, code := range map[string]int{
 		"demo --destination azure --azure ftp://x/devstoreaccount1":            2,

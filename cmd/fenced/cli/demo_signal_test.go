@@ -19,6 +19,7 @@ import (
 // TestDemoInterrupted stops the demo with SIGTERM while worker A is suspended: the demo must
 // exit 1 with one sentence, kill and reap its workers and remove its temporary directory.
 func TestDemoInterrupted(t *testing.T) {
+	t.Parallel()
 	cmd := exec.Command(bin, "demo")
 	cmd.Dir = t.TempDir()
 	var stderr strings.Builder

@@ -215,6 +215,7 @@ func (tg target) wantRefused(want string, stdin []byte, args ...string) {
 // cause. Before the fix, --epoch defaulted to 1 and the first publish below was refused with
 // "generation 1 was superseded by generation 1".
 func TestAfterEpochBump(t *testing.T) {
+	t.Parallel()
 	forEveryBackend(t, func(tg target) {
 		t := tg.t
 		const res, old = "nightly report é", "hourly report é"

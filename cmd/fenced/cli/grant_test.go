@@ -18,6 +18,7 @@ import (
 // to a prefix it cannot acquire outside it. The output and every error leave the role's
 // password out.
 func TestGrantLevelsCLI(t *testing.T) {
+	t.Parallel()
 	for _, engine := range []string{"postgres", "mysql"} {
 		t.Run(engine, func(t *testing.T) {
 			t.Parallel()
@@ -108,6 +109,7 @@ func TestGrantLevelsCLI(t *testing.T) {
 // sentence that does not contain the password, whichever backend's parser or client wrote it
 // (TestRedact shows the command's last line of defence on a message that does).
 func TestURLSecretsNeverPrinted(t *testing.T) {
+	t.Parallel()
 	const secret = "S3cr3t-Pw%21x"
 	decoded := "S3cr3t-Pw!x"
 	for _, db := range []string{

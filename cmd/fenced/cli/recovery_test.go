@@ -21,6 +21,7 @@ type resolveOut struct {
 }
 
 func TestOperationIDsAndResolve(t *testing.T) {
+	t.Parallel()
 	forEachTarget(t, func(tg target) {
 		t := tg.t
 		tg.ok(nil, "provision", "r")

@@ -95,6 +95,7 @@ func serviceTarget(t *testing.T) target {
 }
 
 func TestServeRefusesUnsafeListening(t *testing.T) {
+	t.Parallel()
 	dir := t.TempDir()
 	db := "sqlite:" + filepath.Join(dir, "x.db")
 	tg := target{t: t, url: db, dir: dir}
@@ -190,6 +191,7 @@ func TestServeGracefulShutdown(t *testing.T) {
 // TestServeTLSAndTokens: a service beyond loopback with TLS and a tokens file made by
 // serve-token; the CLI reaches it with $FENCED_API_TOKEN and the system's trust (SSL_CERT_FILE).
 func TestServeTLSAndTokens(t *testing.T) {
+	t.Parallel()
 	dir := t.TempDir()
 	certFile, keyFile, pool := selfSigned(t, dir)
 	tg := target{t: t, url: "sqlite:" + filepath.Join(dir, "t.db"), dir: dir}
@@ -316,6 +318,7 @@ func selfSigned(t *testing.T, dir string) (certFile, keyFile string, pool *x509.
 // service) the checker finds no violation. (The clock and row-lock faults act on the
 // database itself and are not implemented through a service.)
 func TestTortureThroughService(t *testing.T) {
+	t.Parallel()
 	dir := t.TempDir()
 	s := startService(t, "--db", "sqlite:"+filepath.Join(dir, "torture.db"))
 	code, out := runTorture(t, s.url, "--faults", "pause,kill,drop-reply")

@@ -271,6 +271,7 @@ func checkMessage(t *testing.T, m commandRun) {
 
 // TestSQLiteUnopenable: a database file that cannot be opened is named, with the reason.
 func TestSQLiteUnopenable(t *testing.T) {
+	t.Parallel()
 	dir := t.TempDir()
 	file := filepath.Join(dir, "file")
 	if err := os.WriteFile(file, nil, 0o600); err != nil {

@@ -44,6 +44,7 @@ func TestTortureArtifacts(t *testing.T) {
 
 // Bad input for --artifacts: one sentence, exit 2, no run.
 func TestTortureArtifactsUsage(t *testing.T) {
+	t.Parallel()
 	dir := t.TempDir()
 	for args, want := range map[string]string{
 		"torture --store file:///tmp/x":                      "--store needs --artifacts",

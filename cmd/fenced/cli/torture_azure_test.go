@@ -59,6 +59,7 @@ func TestTortureAzure(t *testing.T) {
 }
 
 func TestTortureAzureUsage(t *testing.T) {
+	t.Parallel()
 	dir := t.TempDir()
 	for _, args := range [][]string{
 		{"torture", "--azure", "http://127.0.0.1:10000/devstoreaccount1", "--gate"},

@@ -379,6 +379,7 @@ func TestTortureFirstPauseLate(t *testing.T) {
 // which a pause stretches past the expiry) and busy answers for expired leases (killed and
 // paused workers leave them). Only the clock checks can see either.
 func TestTortureMutants(t *testing.T) {
+	t.Parallel()
 	for _, tc := range []struct {
 		mutant, want string
 		args         []string

@@ -20,6 +20,7 @@ import (
 // TestAcquireWait: --wait gives up busy (exit 3) when the holder keeps the lease, and gets the
 // lease once the holder's lease runs out on the database's clock.
 func TestAcquireWait(t *testing.T) {
+	t.Parallel()
 	forEachTarget(t, func(tg target) {
 		t := tg.t
 		res := "wait für ü"
@@ -57,6 +58,7 @@ func TestAcquireWait(t *testing.T) {
 // the holder lets go) and gets the lease when the holder releases, and again when an epoch
 // bump frees the holder's lease.
 func TestAcquireWaitInService(t *testing.T) {
+	t.Parallel()
 	dir := t.TempDir()
 	s := startService(t, "--db", "sqlite:"+filepath.Join(dir, "service.db"))
 	tg := target{t: t, url: s.url, dir: dir}
