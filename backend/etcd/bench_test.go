@@ -5,7 +5,6 @@ import (
 	"testing"
 	"time"
 
-	pb "go.etcd.io/etcd/api/v3/etcdserverpb"
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/fenced-dev/fenced/driver"
@@ -85,10 +84,10 @@ func (r raw) publish(ctx context.Context, l driver.LeaseRef, p driver.Publicatio
 		clientv3.OpPut(d.opKey(p.OpID), encodeOp(driver.Operation{Outcome: driver.OutcomeAccepted,
 			Resource: l.Resource, Epoch: l.Epoch, Generation: l.Generation, RecordedAt: now}))}
 	if release {
-		then = append(then, rawReleaseOps(k, l)...)
+		then = append(then, releaseOps(k, l)...)
 	}
 	resp, err := r.cli.Txn(ctx).
-		If(append(rawHolderIs(k, l), clientv3.Compare(clientv3.Value(d.epochKey()), "=", encodeGen(l.Epoch)),
+		If(append(holderIs(k, l), clientv3.Compare(clientv3.Value(d.epochKey()), "=", encodeGen(l.Epoch)),
 			clientv3.Compare(clientv3.Value(k.owner), "=", l.Owner),
 			clientv3.Compare(clientv3.Value(k.pub), "<", encodeGen(l.Generation)),
 			clientv3.Compare(clientv3.CreateRevision(d.opKey(p.OpID)), "=", 0))...).
@@ -120,59 +119,12 @@ func (r raw) PublishAndRelease(ctx context.Context, l driver.LeaseRef, p driver.
 func (r raw) Release(ctx context.Context, l driver.LeaseRef) (bool, error) {
 	d, k := r.d(), r.d().keys(l.Resource)
 	resp, err := r.cli.Txn(ctx).
-		If(append(rawHolderIs(k, l), clientv3.Compare(clientv3.Value(d.epochKey()), "=", encodeGen(l.Epoch)))...).
-		Then(rawReleaseOps(k, l)...).
+		If(append(holderIs(k, l), clientv3.Compare(clientv3.Value(d.epochKey()), "=", encodeGen(l.Epoch)))...).
+		Then(releaseOps(k, l)...).
 		Commit()
 	if err != nil || !resp.Succeeded {
 		return false, err
 	}
 	r.revoke(ctx, resp, 0)
 	return true, nil
-}
-
-// rawHolderIs and rawReleaseOps are holderIs's compares and releaseOps's ops as application
-// code writes them, with clientv3's builders.
-func rawHolderIs(k keys, l driver.LeaseRef) []clientv3.Cmp {
-	held := encodeToken(l.Epoch, l.Generation) + l.Owner
-	return []clientv3.Cmp{clientv3.Compare(clientv3.Value(k.gen), ">", held),
-		clientv3.Compare(clientv3.Value(k.gen), "<", held+"\x01")}
-}
-
-func rawReleaseOps(k keys, l driver.LeaseRef) []clientv3.Op {
-	return []clientv3.Op{clientv3.OpDelete(k.owner, clientv3.WithPrevKV()),
-		clientv3.OpPut(k.gen, encodeToken(l.Epoch, l.Generation))}
-}
-
-// BenchmarkPairRequests builds the requests of an acquire+release pair (five compares, four
-// ops) with clientv3's builders, as the driver did before ops.go, and as the driver builds them
-// now, without sending anything: what the builders cost the client per pair.
-//
-//	go test -run '^$' -bench PairRequests -benchmem ./backend/etcd/
-func BenchmarkPairRequests(b *testing.B) {
-	d := &Driver{prefix: "/fenced-bench/"}
-	k := d.keys("bench ресурс 0")
-	l := driver.LeaseRef{Resource: "bench ресурс 0", Owner: "an owner of 26 characters.", Epoch: 1764650000000000, Generation: 7}
-	held := encodeHeld(l.Epoch, l.Generation, l.Owner, time.Unix(1764650000, 0))
-	b.Run("impl=clientv3", func(b *testing.B) {
-		cli := clientv3.NewCtxClient(context.Background()) // no connection: nothing is sent
-		b.Cleanup(func() { _ = cli.Close() })
-		kvc := clientv3.NewKV(cli)
-		for b.Loop() {
-			kvc.Txn(b.Context()).If(clientv3.Compare(clientv3.ModRevision(k.gen), "=", 41),
-				clientv3.Compare(clientv3.Value(d.epochKey()), "=", encodeGen(l.Epoch)),
-				clientv3.Compare(clientv3.CreateRevision(k.owner), "=", 0)).
-				Then(clientv3.OpPut(k.gen, held), clientv3.OpPut(k.owner, l.Owner, clientv3.WithLease(9)))
-			kvc.Txn(b.Context()).If(clientv3.Compare(clientv3.Value(k.gen), "=", held),
-				clientv3.Compare(clientv3.Value(d.epochKey()), "=", encodeGen(l.Epoch))).
-				Then(rawReleaseOps(k, l)...)
-		}
-	})
-	b.Run("impl=driver", func(b *testing.B) {
-		for b.Loop() {
-			_ = &pb.TxnRequest{Compare: []*pb.Compare{cmpModRevision(k.gen, 41),
-				cmpValue(d.epochKey(), pb.Compare_EQUAL, encodeGen(l.Epoch)), cmpAbsent(k.owner)},
-				Success: []*pb.RequestOp{opPut(k.gen, held, 0), opPut(k.owner, l.Owner, 9)}}
-			_ = &pb.TxnRequest{Compare: d.holds(k, l, false, held), Success: releaseOps(k, l, false)}
-		}
-	})
 }

@@ -4,11 +4,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"math"
 	"strings"
 	"sync/atomic"
 
-	pb "go.etcd.io/etcd/api/v3/etcdserverpb"
 	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"google.golang.org/grpc"
@@ -83,30 +81,14 @@ func (sendWatcher) HandleConn(context.Context, stats.ConnStats)                 
 
 // txn runs one Txn and classifies its error in one place. A context already done is reported
 // before anything is sent.
-//
-// The request goes to the client's connection as clientv3's KV.Txn sends it (through the
-// client's interceptors, so its retry policy for mutations is the same; see above), without
-// clientv3's copies of the compares (ops.go), unless the caller replaced the client's KV (a
-// namespace.NewKV, say): then it goes through that KV. Like KV.Txn it translates the gRPC error
-// (clientv3.ContextError), and it passes the call options that clientv3 gives a KV call by
-// default, except the send limit: the driver bounds its payloads itself (Options.MaxPayloadBytes).
-func (d *Driver) txn(ctx context.Context, what string, cmps []*pb.Compare, then, els []*pb.RequestOp) (*clientv3.TxnResponse, error) {
+func (d *Driver) txn(ctx context.Context, what string, cmps []clientv3.Cmp, then, els []clientv3.Op) (*clientv3.TxnResponse, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, fmt.Errorf("%s txn: %w", what, driver.NotApplied(err))
 	}
 	w := &sent{}
-	wctx := context.WithValue(ctx, sentKey{}, w)
-	var resp *clientv3.TxnResponse
-	var err error
-	if d.kv != nil {
-		var r *pb.TxnResponse
-		r, err = d.kv.Txn(wctx, &pb.TxnRequest{Compare: cmps, Success: then, Failure: els}, txnCallOptions...)
-		resp = (*clientv3.TxnResponse)(r)
-	} else {
-		resp, err = d.cli.Txn(wctx).If(clientCmps(cmps)...).Then(clientOps(then)...).Else(clientOps(els)...).Commit()
-	}
+	resp, err := d.cli.Txn(context.WithValue(ctx, sentKey{}, w)).If(cmps...).Then(then...).Else(els...).Commit()
 	if err != nil {
-		err = classify(clientv3.ContextError(wctx, err), w)
+		err = classify(err, w)
 		if errors.Is(err, driver.ErrNotApplied) && status.Code(err) == codes.Unavailable {
 			return nil, driver.NotApplied(d.connectionFailure(err)) // which Txn is beside the point
 		}
@@ -114,10 +96,6 @@ func (d *Driver) txn(ctx context.Context, what string, cmps []*pb.Compare, then,
 	}
 	return resp, nil
 }
-
-// txnCallOptions are clientv3's default call options of a KV call (client/v3 options.go),
-// without its send limit.
-var txnCallOptions = []grpc.CallOption{grpc.WaitForReady(true), grpc.MaxCallRecvMsgSize(math.MaxInt32)}
 
 // failFast makes a call that finds no connection ready (every endpoint refused or failed its
 // last dial) fail at once with Unavailable, instead of clientv3's default of waiting for one

@@ -21,10 +21,8 @@
 // key's existence (see Read).
 //
 // Payloads travel in one Txn, so they are bounded by the cluster's --max-request-bytes (1.5 MiB
-// by default). Options.MaxPayloadBytes enforces a limit below that before sending; raise both
-// together. The client's MaxCallSendMsgSize (2 MiB by default) applies only where the caller
-// replaced the client's KV (a namespace, say): the driver sends its Txns to the connection
-// itself otherwise (see txn in classify.go).
+// by default) and the client's MaxCallSendMsgSize (2 MiB by default). Options.MaxPayloadBytes
+// enforces a limit below that before sending; raise both together.
 //
 // # Epochs, operation ids and source versions
 //
@@ -88,7 +86,6 @@ import (
 	"sync/atomic"
 	"time"
 
-	pb "go.etcd.io/etcd/api/v3/etcdserverpb"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.uber.org/zap"
 	"google.golang.org/grpc"
@@ -126,8 +123,7 @@ type Options struct {
 
 	// MaxPayloadBytes is the largest payload this driver sends. Default DefaultMaxPayloadBytes,
 	// which fits etcd's default --max-request-bytes; raise it only together with the
-	// cluster's --max-request-bytes (and the client's MaxCallSendMsgSize if its KV was
-	// replaced: see the package documentation).
+	// cluster's --max-request-bytes and the client's MaxCallSendMsgSize.
 	MaxPayloadBytes int
 
 	// AheadBound is how much longer than its TTL, counted from the acquisition, the etcd lease
@@ -157,7 +153,6 @@ const DefaultAheadBound = time.Second
 // *clientv3.Client it wraps.
 type Driver struct {
 	cli        *clientv3.Client
-	kv         pb.KVClient // cli's connection, through its interceptors; nil: through cli.KV (see txn)
 	owned      bool
 	prefix     string
 	maxPayload int
@@ -180,9 +175,6 @@ var _ driver.Driver = (*Driver)(nil)
 // it open.
 func New(client *clientv3.Client, opts *Options) *Driver {
 	d := &Driver{cli: client, prefix: DefaultPrefix, maxPayload: DefaultMaxPayloadBytes}
-	if ownKV(client) {
-		d.kv = clientv3.RetryKVClient(client)
-	}
 	d.ahead.bound = DefaultAheadBound
 	if opts != nil {
 		if opts.AheadBound != 0 {
@@ -268,14 +260,14 @@ const schemaVersion = 3
 // wrote.
 func (d *Driver) Migrate(ctx context.Context) error {
 	if _, err := d.txn(ctx, "create epoch",
-		[]*pb.Compare{cmpAbsent(d.epochKey())},
-		[]*pb.RequestOp{opPut(d.epochKey(), encodeGen(epochClock()), 0)}, nil); err != nil {
+		[]clientv3.Cmp{clientv3.Compare(clientv3.CreateRevision(d.epochKey()), "=", 0)},
+		[]clientv3.Op{clientv3.OpPut(d.epochKey(), encodeGen(epochClock()))}, nil); err != nil {
 		return err
 	}
 	resp, err := d.txn(ctx, "record schema version",
-		[]*pb.Compare{cmpAbsent(d.schemaKey())},
-		[]*pb.RequestOp{opPut(d.schemaKey(), strconv.Itoa(schemaVersion), 0)},
-		[]*pb.RequestOp{opGet(d.schemaKey(), false)})
+		[]clientv3.Cmp{clientv3.Compare(clientv3.CreateRevision(d.schemaKey()), "=", 0)},
+		[]clientv3.Op{clientv3.OpPut(d.schemaKey(), strconv.Itoa(schemaVersion))},
+		[]clientv3.Op{clientv3.OpGet(d.schemaKey())})
 	if err != nil {
 		return err
 	}
@@ -302,9 +294,9 @@ func (d *Driver) Provision(ctx context.Context, resource string) error {
 	}
 	k := d.keys(resource)
 	_, err := d.txn(ctx, "provision",
-		[]*pb.Compare{cmpAbsent(k.gen)},
-		[]*pb.RequestOp{opPut(k.gen, encodeToken(0, 0), 0), opPut(k.pub, encodeGen(0), 0),
-			opPut(k.source, encodeGen(0), 0)}, nil)
+		[]clientv3.Cmp{clientv3.Compare(clientv3.CreateRevision(k.gen), "=", 0)},
+		[]clientv3.Op{clientv3.OpPut(k.gen, encodeToken(0, 0)), clientv3.OpPut(k.pub, encodeGen(0)),
+			clientv3.OpPut(k.source, encodeGen(0))}, nil)
 	return err
 }
 
@@ -315,8 +307,8 @@ type leaseSnapshot struct {
 	epoch *kvPair // the store's epoch; nil: not migrated
 }
 
-func (d *Driver) readLeaseOps(k keys) []*pb.RequestOp {
-	return []*pb.RequestOp{opGet(k.gen, false), opGet(k.owner, false), opGet(d.epochKey(), false)}
+func (d *Driver) readLeaseOps(k keys) []clientv3.Op {
+	return []clientv3.Op{clientv3.OpGet(k.gen), clientv3.OpGet(k.owner), clientv3.OpGet(d.epochKey())}
 }
 
 func leaseSnapshotAt(resp *clientv3.TxnResponse, first int) leaseSnapshot {
@@ -424,21 +416,21 @@ func (d *Driver) Acquire(ctx context.Context, resource, owner string, ttl time.D
 	}()
 	until := lease.sent.Add(time.Duration(lease.ttl) * time.Second)
 	// The reads of a retry, in its Txn's Else: nil on the first attempt (see below).
-	var reread []*pb.RequestOp
+	var reread []clientv3.Op
 	for range acquireAttempts {
-		free := cmpAbsent(k.owner)
+		free := clientv3.Compare(clientv3.CreateRevision(k.owner), "=", 0)
 		if snap.owner != nil {
-			free = cmpValue(k.gen, pb.Compare_LESS, encodeToken(epoch, 0))
+			free = clientv3.Compare(clientv3.Value(k.gen), "<", encodeToken(epoch, 0))
 		}
 		if hook := d.ahead.reuse.beforeTxn; hook != nil {
 			hook(lease.id)
 		}
 		value := encodeHeld(epoch, gen+1, owner, until)
 		resp, err := d.txn(ctx, "acquire",
-			[]*pb.Compare{cmpModRevision(k.gen, snap.gen.modRevision),
-				cmpValue(d.epochKey(), pb.Compare_EQUAL, encodeGen(epoch)), free},
-			[]*pb.RequestOp{opPut(k.gen, value, 0),
-				opPut(k.owner, owner, lease.id)},
+			[]clientv3.Cmp{clientv3.Compare(clientv3.ModRevision(k.gen), "=", snap.gen.modRevision),
+				clientv3.Compare(clientv3.Value(d.epochKey()), "=", encodeGen(epoch)), free},
+			[]clientv3.Op{clientv3.OpPut(k.gen, value),
+				clientv3.OpPut(k.owner, owner, clientv3.WithLease(lease.id))},
 			reread)
 		if err != nil && leaseGone(err) && !d.ahead.reuse.goneIsError {
 			// etcd expired the lease after its grant or keepalive was answered and before
@@ -466,7 +458,7 @@ func (d *Driver) Acquire(ctx context.Context, resource, owner string, ttl time.D
 		if resp.Succeeded {
 			keep, granted = true, true
 			d.remember(resource, epoch, gen+1, resp.Header.Revision)
-			d.wroteHeld(driver.LeaseRef{Resource: resource, Owner: owner, Epoch: epoch, Generation: gen + 1}, value, lease.id)
+			d.wroteHeld(driver.LeaseRef{Resource: resource, Owner: owner, Epoch: epoch, Generation: gen + 1}, value)
 			return driver.Grant{Epoch: epoch, Generation: gen + 1, LeaseUntil: until.UTC()}, nil
 		}
 		// Lost a race: read the snapshot again. The first attempt carries no reads in its
@@ -505,98 +497,68 @@ func (d *Driver) Acquire(ctx context.Context, resource, owner string, ttl time.D
 // earlier lease without touching its keys; with unexpired, the owner key (alive only while its
 // etcd lease is) is the lease's owner too. A released lease fails: its gen is the bare token.
 //
-// exact, when not empty, is the whole gen value this driver wrote for the lease (heldOf):
+// exact, when not empty, is the whole gen value this driver wrote for the lease (heldValueOf):
 // one compare of gen with it then replaces holderIs's two. It pins the owner at least as
 // tightly, since a value equal to token+owner+NUL+until is inside holderIs's range.
-func (d *Driver) holds(k keys, l driver.LeaseRef, unexpired bool, exact string) []*pb.Compare {
-	cmps := make([]*pb.Compare, 0, 6)
+func (d *Driver) holds(k keys, l driver.LeaseRef, unexpired bool, exact string) []clientv3.Cmp {
+	cmps := make([]clientv3.Cmp, 0, 6)
 	if exact != "" {
-		cmps = append(cmps, cmpValue(k.gen, pb.Compare_EQUAL, exact))
+		cmps = append(cmps, clientv3.Compare(clientv3.Value(k.gen), "=", exact))
 	} else {
 		cmps = append(cmps, holderIs(k, l)...)
 	}
-	cmps = append(cmps, cmpValue(d.epochKey(), pb.Compare_EQUAL, encodeGen(l.Epoch)))
+	cmps = append(cmps, clientv3.Compare(clientv3.Value(d.epochKey()), "=", encodeGen(l.Epoch)))
 	if unexpired {
-		cmps = append(cmps, cmpValue(k.owner, pb.Compare_EQUAL, l.Owner))
+		cmps = append(cmps, clientv3.Compare(clientv3.Value(k.owner), "=", l.Owner))
 	}
 	return cmps
 }
 
-// holderTxn sends a lease-carrying Txn whose If is holds(...) followed by more, and whose Then
-// is then followed, when release is set, by releaseOps. When this driver wrote the gen value
-// of the lease (its acquisition or renewal did), it first sends the Txn with the one exact
-// compare of gen; if etcd refuses that, the value may have changed under the same holder (a
-// renewal by another driver, or one whose outcome was unknown here), so the Txn is sent again
-// with holderIs's two compares, and etcd's answer to that one stands. A refusal on the first
-// Txn is certain (nothing was applied), so sending again is safe; it costs a refused
-// operation a second round trip.
-//
-// A release that succeeded returns the etcd lease that the owner key it deleted was on (0:
-// none). After the exact compare that is the lease this driver put the key on: the Txns that
-// write gen (acquire, renew) put the owner key in the same Txn, so a gen still equal to the
-// value this driver wrote has the key, if it exists, where that Txn put it, and the release
-// needs no read of it (heldEntry.lease). After holderIs's compares, another driver may have
-// moved the key, so the delete returns it (WithPrevKV) and its lease is read from there.
-// A lease whose key etcd deleted by expiry, or that someone revoked, may so be handed back:
-// it carries no key, and the next acquisition that tries it finds it gone (reuse.go).
-func (d *Driver) holderTxn(ctx context.Context, what string, k keys, l driver.LeaseRef, unexpired bool, more []*pb.Compare, then []*pb.RequestOp, release bool) (*clientv3.TxnResponse, clientv3.LeaseID, error) {
-	ownerAt := len(then)
-	with := func(prevKV bool) []*pb.RequestOp {
-		if !release {
-			return then
-		}
-		return append(then[:ownerAt:ownerAt], releaseOps(k, l, prevKV)...)
-	}
-	if e, ok := d.heldOf(l); ok {
-		resp, err := d.txn(ctx, what, append(d.holds(k, l, unexpired, e.value), more...), with(false), nil)
+// holderTxn sends a lease-carrying Txn whose If is holds(...) followed by more. When this
+// driver wrote the gen value of the lease (its acquisition or renewal did), it first sends the
+// Txn with the one exact compare of gen; if etcd refuses that, the value may have changed
+// under the same holder (a renewal by another driver, or one whose outcome was unknown
+// here), so the Txn is sent again with holderIs's two compares, and etcd's answer to that
+// one stands. A refusal on the first Txn is certain (nothing was applied), so sending again
+// is safe; it costs a refused operation a second round trip.
+func (d *Driver) holderTxn(ctx context.Context, what string, k keys, l driver.LeaseRef, unexpired bool, more []clientv3.Cmp, then []clientv3.Op) (*clientv3.TxnResponse, error) {
+	if exact, ok := d.heldValueOf(l); ok {
+		resp, err := d.txn(ctx, what, append(d.holds(k, l, unexpired, exact), more...), then, nil)
 		if err != nil || resp.Succeeded || d.exactOnly {
-			if err != nil || !resp.Succeeded || !release {
-				return resp, 0, err
-			}
-			return resp, e.lease, nil
+			return resp, err
 		}
 	}
-	resp, err := d.txn(ctx, what, append(d.holds(k, l, unexpired, ""), more...), with(true), nil)
-	if err != nil || !resp.Succeeded || !release {
-		return resp, 0, err
-	}
-	if owner := deleted(resp, ownerAt); owner != nil {
-		return resp, clientv3.LeaseID(owner.lease), nil
-	}
-	return resp, 0, nil
+	return d.txn(ctx, what, append(d.holds(k, l, unexpired, ""), more...), then, nil)
 }
 
-// heldEntry is the gen value this driver wrote for a lease it acquired or renewed, and the
-// etcd lease it put the owner key on in the same Txn.
+// heldEntry is the gen value this driver wrote for a lease it acquired or renewed.
 type heldEntry struct {
 	epoch, gen int64
 	owner      string
 	value      string
-	lease      clientv3.LeaseID
 }
 
-// wroteHeld records the gen value that this driver's acquisition or renewal of the lease wrote,
-// with the owner key on the etcd lease.
-func (d *Driver) wroteHeld(l driver.LeaseRef, value string, lease clientv3.LeaseID) {
+// wroteHeld records the gen value that this driver's acquisition or renewal of the lease wrote.
+func (d *Driver) wroteHeld(l driver.LeaseRef, value string) {
 	a := &d.ahead
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	if a.held == nil || len(a.held) >= maxSnapshot {
 		a.held = map[string]heldEntry{}
 	}
-	a.held[l.Resource] = heldEntry{epoch: l.Epoch, gen: l.Generation, owner: l.Owner, value: value, lease: lease}
+	a.held[l.Resource] = heldEntry{epoch: l.Epoch, gen: l.Generation, owner: l.Owner, value: value}
 }
 
-// heldOf returns what wroteHeld recorded for the lease, if this driver wrote its gen value.
-func (d *Driver) heldOf(l driver.LeaseRef) (heldEntry, bool) {
+// heldValueOf returns the gen value recorded for the lease, if this driver wrote it.
+func (d *Driver) heldValueOf(l driver.LeaseRef) (string, bool) {
 	a := &d.ahead
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	e, ok := a.held[l.Resource]
 	if !ok || e.epoch != l.Epoch || e.gen != l.Generation || e.owner != l.Owner {
-		return heldEntry{}, false
+		return "", false
 	}
-	return e, true
+	return e.value, true
 }
 
 // forgetHeld drops the recorded gen value of the resource: released, or no longer known.
@@ -611,10 +573,10 @@ func (d *Driver) forgetHeld(resource string) {
 // token+owner+NUL+until exactly when token+owner < value < token+owner+"\x01", because no
 // owner contains a control character (checkOwner): one that extended another owner's id would
 // have to continue it with a NUL.
-func holderIs(k keys, l driver.LeaseRef) []*pb.Compare {
+func holderIs(k keys, l driver.LeaseRef) []clientv3.Cmp {
 	held := encodeToken(l.Epoch, l.Generation) + l.Owner
-	return []*pb.Compare{cmpValue(k.gen, pb.Compare_GREATER, held),
-		cmpValue(k.gen, pb.Compare_LESS, held+"\x01")}
+	return []clientv3.Cmp{clientv3.Compare(clientv3.Value(k.gen), ">", held),
+		clientv3.Compare(clientv3.Value(k.gen), "<", held+"\x01")}
 }
 
 // Renew grants a new etcd lease with the new TTL and moves the owner key onto it, in a Txn
@@ -653,10 +615,10 @@ func (d *Driver) Renew(ctx context.Context, l driver.LeaseRef, ttl time.Duration
 	}
 	until := sent.Add(time.Duration(lease.TTL) * time.Second)
 	value := encodeHeld(l.Epoch, l.Generation, l.Owner, until)
-	resp, _, err := d.holderTxn(ctx, "renew", k, l, true, nil,
-		[]*pb.RequestOp{opGet(k.owner, false),
-			opPut(k.owner, l.Owner, lease.ID),
-			opPut(k.gen, value, 0)}, false)
+	resp, err := d.holderTxn(ctx, "renew", k, l, true, nil,
+		[]clientv3.Op{clientv3.OpGet(k.owner),
+			clientv3.OpPut(k.owner, l.Owner, clientv3.WithLease(lease.ID)),
+			clientv3.OpPut(k.gen, value)})
 	if err != nil {
 		d.forgetHeld(l.Resource) // gen may hold either value
 		// Unless the Txn certainly did not happen, the owner key may already sit on the new
@@ -671,7 +633,7 @@ func (d *Driver) Renew(ctx context.Context, l driver.LeaseRef, ttl time.Duration
 		d.revoke(ctx, lease.ID)
 		return time.Time{}, false, nil
 	}
-	d.wroteHeld(l, value, lease.ID)
+	d.wroteHeld(l, value)
 	if old := kv(resp, 0); old != nil && old.lease != 0 {
 		d.forgetOwned(clientv3.LeaseID(old.lease))
 		d.revoke(ctx, clientv3.LeaseID(old.lease))
@@ -684,8 +646,8 @@ func (d *Driver) Renew(ctx context.Context, l driver.LeaseRef, ttl time.Duration
 // its etcd lease has not expired), the published generation is below g (fixed-width values
 // compared bytewise; see encodeGen), the operation id has no record yet, and the source
 // version, when given, is not older than the published one. It returns the Txn's response
-// and, when release is set, the etcd lease of the owner key it deleted (see holderTxn).
-func (d *Driver) publishTxn(ctx context.Context, l driver.LeaseRef, pub driver.Publication, release bool) (*clientv3.TxnResponse, clientv3.LeaseID, error) {
+// and the index of the owner key's delete among the release ops, when release is set.
+func (d *Driver) publishTxn(ctx context.Context, l driver.LeaseRef, pub driver.Publication, release bool) (*clientv3.TxnResponse, int, error) {
 	if len(pub.Payload) > d.maxPayload {
 		return nil, 0, driver.NotApplied(fmt.Errorf("publish %d bytes: %w (%d bytes; etcd's default --max-request-bytes is 1.5 MiB)",
 			len(pub.Payload), ErrPayloadTooLarge, d.maxPayload))
@@ -698,32 +660,36 @@ func (d *Driver) publishTxn(ctx context.Context, l driver.LeaseRef, pub driver.P
 	}
 	k := d.keys(l.Resource)
 	now := time.Now()
-	cmps := []*pb.Compare{cmpValue(k.pub, pb.Compare_LESS, encodeGen(l.Generation)),
-		cmpAbsent(d.opKey(pub.OpID))}
-	then := []*pb.RequestOp{
-		opPut(k.pub, encodePub(l.Generation, l.Epoch, now, len(pub.Payload)), 0),
-		opPut(k.payload, string(pub.Payload), 0),
-		opPut(d.opKey(pub.OpID), encodeOp(driver.Operation{Outcome: driver.OutcomeAccepted,
-			Resource: l.Resource, Epoch: l.Epoch, Generation: l.Generation, RecordedAt: now}), 0),
+	cmps := []clientv3.Cmp{clientv3.Compare(clientv3.Value(k.pub), "<", encodeGen(l.Generation)),
+		clientv3.Compare(clientv3.CreateRevision(d.opKey(pub.OpID)), "=", 0)}
+	then := []clientv3.Op{
+		clientv3.OpPut(k.pub, encodePub(l.Generation, l.Epoch, now, len(pub.Payload))),
+		clientv3.OpPut(k.payload, string(pub.Payload)),
+		clientv3.OpPut(d.opKey(pub.OpID), encodeOp(driver.Operation{Outcome: driver.OutcomeAccepted,
+			Resource: l.Resource, Epoch: l.Epoch, Generation: l.Generation, RecordedAt: now})),
 	}
 	if sv := pub.SourceVersion; sv > 0 {
 		// etcd compares with =, !=, < and > only: stored <= sv is stored < sv+1, and always
 		// true for the largest sv.
 		if sv < math.MaxInt64 {
-			cmps = append(cmps, cmpValue(k.source, pb.Compare_LESS, encodeGen(sv+1)))
+			cmps = append(cmps, clientv3.Compare(clientv3.Value(k.source), "<", encodeGen(sv+1)))
 		}
-		then = append(then, opPut(k.source, encodeGen(sv), 0))
+		then = append(then, clientv3.OpPut(k.source, encodeGen(sv)))
 	}
-	return d.holderTxn(ctx, "publish", k, l, true, cmps, then, release)
+	ownerAt := len(then)
+	if release {
+		then = append(then, releaseOps(k, l)...)
+	}
+	resp, err := d.holderTxn(ctx, "publish", k, l, true, cmps, then)
+	return resp, ownerAt, err
 }
 
-// releaseOps free the lease: the first deletes the owner key, and with prevKV returns it (its
-// etcd lease, to be handed back after the Txn), which costs etcd the same range as a Get
-// before the delete but one op less to carry through Raft; the second puts the bare token
-// back in gen.
-func releaseOps(k keys, l driver.LeaseRef, prevKV bool) []*pb.RequestOp {
-	return []*pb.RequestOp{opDelete(k.owner, prevKV),
-		opPut(k.gen, encodeToken(l.Epoch, l.Generation), 0)}
+// releaseOps free the lease: the first deletes the owner key and returns it (its etcd lease,
+// to be revoked after the Txn), which costs etcd the same range as a Get before the delete
+// but one op less to carry through Raft; the second puts the bare token back in gen.
+func releaseOps(k keys, l driver.LeaseRef) []clientv3.Op {
+	return []clientv3.Op{clientv3.OpDelete(k.owner, clientv3.WithPrevKV()),
+		clientv3.OpPut(k.gen, encodeToken(l.Epoch, l.Generation))}
 }
 
 func (d *Driver) Publish(ctx context.Context, l driver.LeaseRef, pub driver.Publication) (bool, error) {
@@ -735,14 +701,14 @@ func (d *Driver) Publish(ctx context.Context, l driver.LeaseRef, pub driver.Publ
 }
 
 func (d *Driver) PublishAndRelease(ctx context.Context, l driver.LeaseRef, pub driver.Publication) (bool, error) {
-	resp, lease, err := d.publishTxn(ctx, l, pub, true)
+	resp, ownerAt, err := d.publishTxn(ctx, l, pub, true)
 	d.forgetHeld(l.Resource)
 	if err != nil || !resp.Succeeded {
 		d.releaseUnconfirmed(l.Resource, l.Owner)
 		return false, err
 	}
 	d.remember(l.Resource, l.Epoch, l.Generation, resp.Header.Revision)
-	d.revokeReleased(lease)
+	d.revokeReleased(ctx, resp, ownerAt)
 	return true, nil
 }
 
@@ -758,23 +724,23 @@ func (d *Driver) Release(ctx context.Context, l driver.LeaseRef) (bool, error) {
 		return false, err
 	}
 	k := d.keys(l.Resource)
-	resp, lease, err := d.holderTxn(ctx, "release", k, l, false, nil, nil, true)
+	resp, err := d.holderTxn(ctx, "release", k, l, false, nil, releaseOps(k, l))
 	d.forgetHeld(l.Resource)
 	if err != nil || !resp.Succeeded {
 		d.releaseUnconfirmed(l.Resource, l.Owner)
 		return false, err
 	}
 	d.remember(l.Resource, l.Epoch, l.Generation, resp.Header.Revision)
-	d.revokeReleased(lease)
+	d.revokeReleased(ctx, resp, 0)
 	return true, nil
 }
 
-// revokeReleased hands back the etcd lease of the owner key that a release deleted (see
-// holderTxn): to the pool of leases granted ahead (ahead.go) or to the reuse pool (reuse.go),
-// or revoked in the background.
-func (d *Driver) revokeReleased(id clientv3.LeaseID) {
-	if id != 0 {
-		d.released(id)
+// revokeReleased hands back the etcd lease of the owner key that the i-th op (a delete with
+// its previous key-value) deleted: to the pool of leases granted ahead (ahead.go) or to the
+// reuse pool (reuse.go), or revoked in the background.
+func (d *Driver) revokeReleased(_ context.Context, resp *clientv3.TxnResponse, i int) {
+	if owner := deleted(resp, i); owner != nil && owner.lease != 0 {
+		d.released(clientv3.LeaseID(owner.lease))
 	}
 }
 
@@ -803,7 +769,7 @@ func (d *Driver) Read(ctx context.Context, resource string) (driver.State, error
 	}
 	k := d.keys(resource)
 	resp, err := d.txn(ctx, "read", nil,
-		append(d.readLeaseOps(k), opGet(k.pub, false), opGet(k.source, false)), nil)
+		append(d.readLeaseOps(k), clientv3.OpGet(k.pub), clientv3.OpGet(k.source)), nil)
 	if err != nil {
 		return driver.State{}, err
 	}
@@ -845,7 +811,7 @@ func (d *Driver) Read(ctx context.Context, resource string) (driver.State, error
 func (d *Driver) ReadPayload(ctx context.Context, resource string) ([]byte, int64, error) {
 	k := d.keys(resource)
 	resp, err := d.txn(ctx, "read payload", nil,
-		[]*pb.RequestOp{opGet(k.gen, true), opGet(k.pub, false), opGet(k.payload, false)}, nil)
+		[]clientv3.Op{clientv3.OpGet(k.gen, clientv3.WithKeysOnly()), clientv3.OpGet(k.pub), clientv3.OpGet(k.payload)}, nil)
 	if err != nil {
 		return nil, 0, err
 	}
@@ -884,10 +850,10 @@ func (d *Driver) MaxPayloadBytes() int { return d.maxPayload }
 func (d *Driver) ResolveOperation(ctx context.Context, opID string) (driver.Operation, error) {
 	key := d.opKey(opID)
 	resp, err := d.txn(ctx, "resolve operation",
-		[]*pb.Compare{cmpAbsent(key)},
-		[]*pb.RequestOp{opPut(key, encodeOp(driver.Operation{Outcome: driver.OutcomeAborted, RecordedAt: time.Now()}), 0),
-			opGet(key, false)},
-		[]*pb.RequestOp{opGet(key, false)})
+		[]clientv3.Cmp{clientv3.Compare(clientv3.CreateRevision(key), "=", 0)},
+		[]clientv3.Op{clientv3.OpPut(key, encodeOp(driver.Operation{Outcome: driver.OutcomeAborted, RecordedAt: time.Now()})),
+			clientv3.OpGet(key)},
+		[]clientv3.Op{clientv3.OpGet(key)})
 	if err != nil {
 		return driver.Operation{OpID: opID}, err
 	}
@@ -903,7 +869,7 @@ func (d *Driver) ResolveOperation(ctx context.Context, opID string) (driver.Oper
 }
 
 func (d *Driver) ReadOperation(ctx context.Context, opID string) (driver.Operation, error) {
-	resp, err := d.txn(ctx, "read operation", nil, []*pb.RequestOp{opGet(d.opKey(opID), false)}, nil)
+	resp, err := d.txn(ctx, "read operation", nil, []clientv3.Op{clientv3.OpGet(d.opKey(opID))}, nil)
 	if err != nil {
 		return driver.Operation{OpID: opID}, err
 	}
@@ -928,7 +894,7 @@ func epochClock() int64 { return time.Now().UnixMicro() }
 // etcd's --max-txn-ops (128 by default), which a store with more resources exceeds.
 func (d *Driver) BumpEpoch(ctx context.Context) (int64, error) {
 	for range bumpAttempts {
-		resp, err := d.txn(ctx, "read epoch", nil, []*pb.RequestOp{opGet(d.epochKey(), false)}, nil)
+		resp, err := d.txn(ctx, "read epoch", nil, []clientv3.Op{clientv3.OpGet(d.epochKey())}, nil)
 		if err != nil {
 			return 0, driver.NotApplied(err)
 		}
@@ -942,8 +908,8 @@ func (d *Driver) BumpEpoch(ctx context.Context) (int64, error) {
 		}
 		next := max(epoch+1, epochClock())
 		resp, err = d.txn(ctx, "bump epoch",
-			[]*pb.Compare{cmpModRevision(d.epochKey(), cur.modRevision)},
-			[]*pb.RequestOp{opPut(d.epochKey(), encodeGen(next), 0)}, nil)
+			[]clientv3.Cmp{clientv3.Compare(clientv3.ModRevision(d.epochKey()), "=", cur.modRevision)},
+			[]clientv3.Op{clientv3.OpPut(d.epochKey(), encodeGen(next))}, nil)
 		if err != nil {
 			return 0, err
 		}
@@ -1005,11 +971,11 @@ func (d *Driver) PruneOperations(ctx context.Context, age time.Duration) (int64,
 // when none changed, else one Txn per key.
 func (d *Driver) deleteUnchanged(ctx context.Context, keys []string, listed []*kvPair) (int64, error) {
 	txn := func(keys []string, listed []*kvPair) (bool, error) {
-		var cmps []*pb.Compare
-		var ops []*pb.RequestOp
+		var cmps []clientv3.Cmp
+		var ops []clientv3.Op
 		for i, k := range keys {
-			cmps = append(cmps, cmpModRevision(k, listed[i].modRevision))
-			ops = append(ops, opDelete(k, false))
+			cmps = append(cmps, clientv3.Compare(clientv3.ModRevision(k), "=", listed[i].modRevision))
+			ops = append(ops, clientv3.OpDelete(k))
 		}
 		resp, err := d.txn(ctx, "prune operations", cmps, ops, nil)
 		return err == nil && resp.Succeeded, err

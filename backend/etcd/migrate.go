@@ -7,7 +7,6 @@ import (
 	"strings"
 	"time"
 
-	pb "go.etcd.io/etcd/api/v3/etcdserverpb"
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/fenced-dev/fenced/driver"
@@ -44,8 +43,8 @@ func (d *Driver) fold(ctx context.Context) error {
 		from = string(resp.Kvs[len(resp.Kvs)-1].Key) + "\x00"
 	}
 	_, err := d.txn(ctx, "record schema version",
-		[]*pb.Compare{cmpValue(d.schemaKey(), pb.Compare_EQUAL, "2")},
-		[]*pb.RequestOp{opPut(d.schemaKey(), fmt.Sprint(schemaVersion), 0)}, nil)
+		[]clientv3.Cmp{clientv3.Compare(clientv3.Value(d.schemaKey()), "=", "2")},
+		[]clientv3.Op{clientv3.OpPut(d.schemaKey(), fmt.Sprint(schemaVersion))}, nil)
 	return err
 }
 
@@ -58,7 +57,7 @@ func (d *Driver) foldResource(ctx context.Context, base string) error {
 	gen, holder, until := base+"gen", base+"holder", base+"until"
 	for range foldAttempts {
 		read, err := d.txn(ctx, "read version 2 keys", nil,
-			[]*pb.RequestOp{opGet(gen, false), opGet(holder, false), opGet(until, false)}, nil)
+			[]clientv3.Op{clientv3.OpGet(gen), clientv3.OpGet(holder), clientv3.OpGet(until)}, nil)
 		if err != nil {
 			return err
 		}
@@ -90,10 +89,10 @@ func (d *Driver) foldResource(ctx context.Context, base string) error {
 			return p.modRevision
 		}
 		resp, err := d.txn(ctx, "fold version 2 keys",
-			[]*pb.Compare{cmpModRevision(gen, g.modRevision),
-				cmpModRevision(holder, rev(h)),
-				cmpModRevision(until, rev(u))},
-			[]*pb.RequestOp{opPut(gen, value, 0), opDelete(holder, false), opDelete(until, false)}, nil)
+			[]clientv3.Cmp{clientv3.Compare(clientv3.ModRevision(gen), "=", g.modRevision),
+				clientv3.Compare(clientv3.ModRevision(holder), "=", rev(h)),
+				clientv3.Compare(clientv3.ModRevision(until), "=", rev(u))},
+			[]clientv3.Op{clientv3.OpPut(gen, value), clientv3.OpDelete(holder), clientv3.OpDelete(until)}, nil)
 		if err != nil {
 			return err
 		}
@@ -120,7 +119,7 @@ func (d *Driver) checkLayout(ctx context.Context) error {
 	if d.layoutOK.Load() {
 		return nil
 	}
-	resp, err := d.txn(ctx, "read schema version", nil, []*pb.RequestOp{opGet(d.schemaKey(), false)}, nil)
+	resp, err := d.txn(ctx, "read schema version", nil, []clientv3.Op{clientv3.OpGet(d.schemaKey())}, nil)
 	if err != nil {
 		return driver.NotApplied(err)
 	}

@@ -283,8 +283,12 @@ func TestExactHolderCompareFallsBack(t *testing.T) {
 		d.exactOnly = mutant
 		prepare(t, d, resource)
 		ctx := testCtx(t)
-		l := acquired(ctx, t, d, resource, "owner ö")
-		if _, ok := d.heldOf(l); !ok {
+		g, err := d.Acquire(ctx, resource, "owner ö", time.Minute)
+		if err != nil {
+			t.Fatal(err)
+		}
+		l := driver.LeaseRef{Resource: resource, Owner: "owner ö", Epoch: g.Epoch, Generation: g.Generation}
+		if _, ok := d.heldValueOf(l); !ok {
 			t.Fatal("the acquisition recorded no gen value")
 		}
 		if _, ok, err := other.Renew(ctx, l, 2*time.Minute); !ok || err != nil {

@@ -4,7 +4,7 @@ import (
 	"context"
 	"time"
 
-	pb "go.etcd.io/etcd/api/v3/etcdserverpb"
+	clientv3 "go.etcd.io/etcd/client/v3"
 )
 
 // PublishUnfenced stores a payload as published by generation g of epoch, with no condition at
@@ -14,9 +14,9 @@ import (
 // accepted, a published generation going back); nothing else should call it.
 func (d *Driver) PublishUnfenced(ctx context.Context, resource string, epoch, g int64, payload []byte) error {
 	k := d.keys(resource)
-	_, err := d.txn(ctx, "unfenced publish", nil, []*pb.RequestOp{
-		opPut(k.pub, encodePub(g, epoch, time.Now(), len(payload)), 0),
-		opPut(k.payload, string(payload), 0),
+	_, err := d.txn(ctx, "unfenced publish", nil, []clientv3.Op{
+		clientv3.OpPut(k.pub, encodePub(g, epoch, time.Now(), len(payload))),
+		clientv3.OpPut(k.payload, string(payload)),
 	}, nil)
 	return err
 }
