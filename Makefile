@@ -38,4 +38,4 @@ demo: ## the failure and the fence, with real processes
 TORTURE_TIME ?= 7m
 torture: ## fenced torture on every backend for TORTURE_TIME with every fault that applies and the controls, one line per backend; then the checker on 10k..1M operations
 	FENCED_TORTURE_TIME=$(TORTURE_TIME) $(GO) test -tags torture -count=1 -timeout 3h -v -run TestTortureEveryBackend ./cmd/fenced/cli | grep --line-buffered -E '^(torture|--- FAIL|FAIL|ok)'
-	FENCED_TORTURE_SCALE=1000000 $(GO) test -count=1 -timeout 1h -run TestCheckerScale -v ./cmd/fenced/torture | grep -E '^(checker|--- FAIL|FAIL|ok)'
+	FENCED_TORTURE_SCALE=1000000 FENCED_TORTURE_SCALE_REPEAT=3 $(GO) test -count=1 -timeout 1h -run TestCheckerScale -v ./cmd/fenced/torture | grep -E '^(checker|--- FAIL|FAIL|ok)'
