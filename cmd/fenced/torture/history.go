@@ -304,7 +304,8 @@ func readFile(path string) ([]Record, int, error) {
 
 // Build pairs calls with returns. It is exported for tests that write histories by hand.
 //
-// Its time grows with the history, not faster (issue 13): the operations are one slice of
+// Its work is in proportion to the history (issue 13), though its cost per operation still
+// rises once the Ops outgrow the caches (docs/TORTURE.md): the operations are one slice of
 // Ops (no heap object per operation), grouped by resource so that each resource's checks
 // read memory in order, a call's return is found by process number and operation number in a slice per
 // process (Recorder numbers each process's calls 1, 2, 3...) instead of a map of strings, and
