@@ -13,8 +13,8 @@ import (
 // and a release its Txn and a revocation. Now:
 //
 //   - The deciding Txn starts from the last snapshot this driver saw of the resource (cached
-//     after its own acquisitions) instead of a fresh read. The Txn still pins that snapshot
-//     with its compares (gen's mod revision, the epoch, the owner key's absence), so a stale
+//     after its own releases) instead of a fresh read. The Txn still pins that snapshot
+//     with its compares (gen's mod revision and the epoch; see acquireCompares), so a stale
 //     snapshot only makes the Txn fail, and the acquisition reads a fresh one to retry
 //     from, exactly as after a race: etcd decides, never the cache.
 //   - The etcd lease is granted ahead of need, in the background, and taken from a pool kept
@@ -426,9 +426,11 @@ func (d *Driver) snapshot(resource string) (leaseSnapshot, bool) {
 // it when an acquisition wants it, so that a release caches without allocating.
 type cachedSnapshot struct{ epoch, gen, revision int64 }
 
-// remember caches what an acquisition of this driver wrote: the gen key at its new revision,
-// and no owner, which is what the next acquisition will want to find (if the lease is still
-// held then, the Txn's owner compare fails and Acquire reads the resource again).
+// remember caches what a release of this driver wrote: the gen key at the release's revision,
+// and no owner, which is what the next acquisition wants to find. Only a release (or a
+// publish-and-release) caches: the acquisition's Txn pins the snapshot by gen's mod revision
+// and the epoch alone, so a snapshot of a held resource without its owner must never be
+// cached (see Acquire, acquireCompares).
 func (d *Driver) remember(resource string, epoch, gen, revision int64) {
 	a := &d.ahead
 	a.mu.Lock()

@@ -54,10 +54,6 @@ func (r raw) Acquire(ctx context.Context, resource, owner string, ttl time.Durat
 	if owner0 != nil && row.epoch == epoch {
 		return driver.Grant{}, false, nil
 	}
-	free := clientv3.Compare(clientv3.CreateRevision(k.owner), "=", 0)
-	if owner0 != nil {
-		free = clientv3.Compare(clientv3.Value(k.gen), "<", encodeToken(epoch, 0))
-	}
 	sent := time.Now()
 	lease, err := r.cli.Grant(ctx, ttlSeconds(ttl))
 	if err != nil {
@@ -65,7 +61,7 @@ func (r raw) Acquire(ctx context.Context, resource, owner string, ttl time.Durat
 	}
 	resp, err := r.cli.Txn(ctx).
 		If(clientv3.Compare(clientv3.ModRevision(k.gen), "=", gen.modRevision),
-			clientv3.Compare(clientv3.Value(d.epochKey()), "=", encodeGen(epoch)), free).
+			clientv3.Compare(clientv3.Value(d.epochKey()), "=", encodeGen(epoch))).
 		Then(clientv3.OpPut(k.gen, encodeHeld(epoch, g+1, owner, sent.Add(time.Duration(lease.TTL)*time.Second))),
 			clientv3.OpPut(k.owner, owner, clientv3.WithLease(lease.ID))).
 		Commit()

@@ -336,24 +336,32 @@ func busy(row heldValue) error {
 }
 
 // Acquire reads the resource and the epoch (one linearizable read; skipped when this driver
-// has a snapshot from its own last acquisition), takes an etcd lease granted ahead (or grants
-// one) and then runs the deciding Txn, where E is the epoch read:
+// has a snapshot from its own last release), takes an etcd lease granted ahead (or grants one)
+// and then runs the deciding Txn, where E is the epoch read:
 //
-//	If   gen.ModRevision == the revision read  (nobody acquired in between)
-//	     epoch == E                             (no bump in between)
-//	     owner.CreateRevision == 0              (no unexpired lease: etcd deleted the key when
-//	                                             the previous etcd lease ran out)
-//	  or gen < token(E, 0)                      (the lease, if any, is from an earlier epoch:
-//	                                             the bump that ended it freed it)
+//	If   gen.ModRevision == the revision read  (nobody acquired, renewed or released since)
+//	     epoch == E                             (no bump since)
 //	Then gen = token(E, read+1) id NUL until, owner = id WITH the etcd lease
 //
-// and, when the Txn fails, reads the snapshot again and retries from it.
+// and, when the Txn fails, reads the snapshot again and retries from it. It sends the Txn only
+// when the snapshot shows the resource free: no owner key, or a lease of an earlier epoch,
+// which the bump that ended it freed. A current owner key in the read already answers busy:
+// that linearizable read is a moment at which the lease was held.
 //
-// etcd has no OR, so the snapshot picks which of the last two compares to send; the first two
-// pin the state it was picked from. Two acquisitions that read the same revision cannot both
-// win: the first Txn changes the gen key's mod revision, so the second one's If fails inside
-// etcd. A current owner key seen in the read already answers busy: that linearizable read is a
-// moment at which the lease was held.
+// acquireCompares: the two compares pin the whole snapshot, the owner key's absence included,
+// because every Txn that creates or moves the owner key (an acquisition, a renewal, the fold
+// of Migrate) puts gen in the same Txn, and so moves gen's mod revision; what changes the
+// owner key without gen only deletes it (a release also puts gen; etcd's expiry of the etcd
+// lease deletes it alone), which leaves a free resource free. So an owner key that exists now
+// but did not at the revision read would have failed the first compare. A third compare of
+// the owner key's absence, which earlier versions sent, costs etcd a range per
+// acquisition and decides nothing. What the pin needs from this driver: it never caches a
+// snapshot of a resource it holds (see remember), since such a snapshot, without the owner
+// that this driver's own acquisition created, would pass both compares;
+// TestAcquireTwiceFromOneDriver catches that.
+//
+// Two acquisitions that read the same revision cannot both win: the first Txn changes the gen
+// key's mod revision, so the second one's If fails inside etcd.
 func (d *Driver) Acquire(ctx context.Context, resource, owner string, ttl time.Duration) (driver.Grant, error) {
 	if err := checkOwner(owner); err != nil {
 		return driver.Grant{}, err
@@ -418,17 +426,13 @@ func (d *Driver) Acquire(ctx context.Context, resource, owner string, ttl time.D
 	// The reads of a retry, in its Txn's Else: nil on the first attempt (see below).
 	var reread []clientv3.Op
 	for range acquireAttempts {
-		free := clientv3.Compare(clientv3.CreateRevision(k.owner), "=", 0)
-		if snap.owner != nil {
-			free = clientv3.Compare(clientv3.Value(k.gen), "<", encodeToken(epoch, 0))
-		}
 		if hook := d.ahead.reuse.beforeTxn; hook != nil {
 			hook(lease.id)
 		}
 		value := encodeHeld(epoch, gen+1, owner, until)
 		resp, err := d.txn(ctx, "acquire",
 			[]clientv3.Cmp{clientv3.Compare(clientv3.ModRevision(k.gen), "=", snap.gen.modRevision),
-				clientv3.Compare(clientv3.Value(d.epochKey()), "=", encodeGen(epoch)), free},
+				clientv3.Compare(clientv3.Value(d.epochKey()), "=", encodeGen(epoch))},
 			[]clientv3.Op{clientv3.OpPut(k.gen, value),
 				clientv3.OpPut(k.owner, owner, clientv3.WithLease(lease.id))},
 			reread)
@@ -457,7 +461,9 @@ func (d *Driver) Acquire(ctx context.Context, resource, owner string, ttl time.D
 		}
 		if resp.Succeeded {
 			keep, granted = true, true
-			d.remember(resource, epoch, gen+1, resp.Header.Revision)
+			// Nothing is cached of a held resource: a snapshot without its owner would let the
+			// next acquisition's two compares pass (see acquireCompares).
+			d.forget(resource)
 			d.wroteHeld(driver.LeaseRef{Resource: resource, Owner: owner, Epoch: epoch, Generation: gen + 1}, value)
 			return driver.Grant{Epoch: epoch, Generation: gen + 1, LeaseUntil: until.UTC()}, nil
 		}

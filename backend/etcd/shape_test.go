@@ -2,6 +2,7 @@ package etcd
 
 import (
 	"context"
+	"errors"
 	"sync"
 	"testing"
 	"time"
@@ -15,7 +16,7 @@ import (
 
 // TestPairReadsNothingThroughRaft: the conditional Txns of an acquisition and a release carry
 // no Get, in either branch, write 3 keys and delete 1 between them (gen and owner; owner
-// deleted, gen back to the bare token), and compare 5 (etcd reads each compared key). A Txn that writes goes through Raft and the WAL whole, reads
+// deleted, gen back to the bare token), and compare 4 (etcd reads each compared key). A Txn that writes goes through Raft and the WAL whole, reads
 // included, also the reads of a branch etcd does not take; the only read a pair needs, the
 // released owner key's etcd lease, comes from its delete (WithPrevKV).
 func TestPairReadsNothingThroughRaft(t *testing.T) {
@@ -77,10 +78,11 @@ func TestPairReadsNothingThroughRaft(t *testing.T) {
 		if puts != 3 || deletes != 1 {
 			t.Errorf("pair %d writes %d keys and deletes %d, want 3 and 1", pair, puts, deletes)
 		}
-		// The acquisition pins gen's revision, the epoch and the owner key's absence; the
-		// release compares gen with the value the acquisition wrote, and the epoch.
-		if acq, rel := len(txns[2*pair].Compare), len(txns[2*pair+1].Compare); acq != 3 || rel != 2 {
-			t.Errorf("pair %d compares %d and %d keys, want 3 and 2", pair, acq, rel)
+		// The acquisition pins gen's revision and the epoch (which pins the owner key's
+		// absence: acquireCompares); the release compares gen with the value the acquisition
+		// wrote, and the epoch.
+		if acq, rel := len(txns[2*pair].Compare), len(txns[2*pair+1].Compare); acq != 2 || rel != 2 {
+			t.Errorf("pair %d compares %d and %d keys, want 2 and 2", pair, acq, rel)
 		}
 	}
 }
@@ -152,6 +154,43 @@ func TestRetryReadsInItsElse(t *testing.T) {
 	for i, r := range txns {
 		if carries := len(r.Failure) > 0; carries != (i > 0) {
 			t.Errorf("attempt %d carries %d reads in its Else", i+1, len(r.Failure))
+		}
+	}
+}
+
+// TestAcquireTwiceFromOneDriver: the acquisition's Txn compares only gen's mod revision and the
+// epoch, which pin the owner key's absence only because no snapshot of a held resource is ever
+// cached (acquireCompares). A driver that acquires, then acquires again while it holds the
+// lease, is answered busy; once etcd has expired the lease (the owner key deleted, gen
+// untouched), the same driver acquires the next generation. Caching the snapshot after an
+// acquisition, as the driver did when a third compare checked the owner key, grants the
+// second acquisition here.
+func TestAcquireTwiceFromOneDriver(t *testing.T) {
+	t.Parallel()
+	const resource = "twice ресурс\x00"
+	d := New(newClient(t, cluster.endpoints()), &Options{Prefix: newPrefix()})
+	t.Cleanup(func() { _ = d.Close() })
+	prepare(t, d, resource)
+	ctx := testCtx(t)
+	for i := range 2 { // the first pair from a read, the second from the released snapshot
+		g, err := d.Acquire(ctx, resource, "first", time.Minute)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var busy *driver.BusyError
+		if _, err := d.Acquire(ctx, resource, "second", time.Minute); !errors.As(err, &busy) || busy.Generation != g.Generation {
+			t.Fatalf("round %d: a second acquisition of a held lease: %v, want busy at generation %d", i, err, g.Generation)
+		}
+		if err := expire(ctx, d, resource); err != nil {
+			t.Fatal(err)
+		}
+		g2, err := d.Acquire(ctx, resource, "third", time.Minute)
+		if err != nil || g2.Generation != g.Generation+1 {
+			t.Fatalf("round %d: acquisition after expiry: %+v, %v, want generation %d", i, g2, err, g.Generation+1)
+		}
+		l := driver.LeaseRef{Resource: resource, Owner: "third", Epoch: g2.Epoch, Generation: g2.Generation}
+		if ok, err := d.Release(ctx, l); !ok || err != nil {
+			t.Fatalf("round %d: release: %v, %v", i, ok, err)
 		}
 	}
 }
