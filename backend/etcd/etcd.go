@@ -81,6 +81,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"slices"
 	"strconv"
 	"strings"
 	"sync/atomic"
@@ -464,7 +465,7 @@ func (d *Driver) Acquire(ctx context.Context, resource, owner string, ttl time.D
 			// Nothing is cached of a held resource: a snapshot without its owner would let the
 			// next acquisition's two compares pass (see acquireCompares).
 			d.forget(resource)
-			d.wroteHeld(driver.LeaseRef{Resource: resource, Owner: owner, Epoch: epoch, Generation: gen + 1}, value)
+			d.wroteHeld(driver.LeaseRef{Resource: resource, Owner: owner, Epoch: epoch, Generation: gen + 1}, value, lease.id)
 			return driver.Grant{Epoch: epoch, Generation: gen + 1, LeaseUntil: until.UTC()}, nil
 		}
 		// Lost a race: read the snapshot again. The first attempt carries no reads in its
@@ -527,44 +528,59 @@ func (d *Driver) holds(k keys, l driver.LeaseRef, unexpired bool, exact string) 
 // here), so the Txn is sent again with holderIs's two compares, and etcd's answer to that
 // one stands. A refusal on the first Txn is certain (nothing was applied), so sending again
 // is safe; it costs a refused operation a second round trip.
-func (d *Driver) holderTxn(ctx context.Context, what string, k keys, l driver.LeaseRef, unexpired bool, more []clientv3.Cmp, then []clientv3.Op) (*clientv3.TxnResponse, error) {
-	if exact, ok := d.heldValueOf(l); ok {
-		resp, err := d.txn(ctx, what, append(d.holds(k, l, unexpired, exact), more...), then, nil)
+//
+// exactThen, when not nil, replaces then in the first Txn: a release there deletes the owner
+// key without reading it back (releaseOpsKnown), since the exact gen value also names the etcd
+// lease the owner key is on. onLease is that etcd lease when etcd's answer is the first Txn's,
+// 0 otherwise.
+func (d *Driver) holderTxn(ctx context.Context, what string, k keys, l driver.LeaseRef, unexpired bool, more []clientv3.Cmp, then, exactThen []clientv3.Op) (resp *clientv3.TxnResponse, onLease clientv3.LeaseID, err error) {
+	if e, ok := d.heldValueOf(l); ok {
+		first := then
+		if exactThen != nil {
+			first = exactThen
+		}
+		resp, err := d.txn(ctx, what, append(d.holds(k, l, unexpired, e.value), more...), first, nil)
 		if err != nil || resp.Succeeded || d.exactOnly {
-			return resp, err
+			return resp, e.lease, err
 		}
 	}
-	return d.txn(ctx, what, append(d.holds(k, l, unexpired, ""), more...), then, nil)
+	resp, err = d.txn(ctx, what, append(d.holds(k, l, unexpired, ""), more...), then, nil)
+	return resp, 0, err
 }
 
-// heldEntry is the gen value this driver wrote for a lease it acquired or renewed.
+// heldEntry is the gen value this driver wrote for a lease it acquired or renewed, and the etcd
+// lease it put the owner key on in the same Txn. Every Txn that puts the owner key puts gen with
+// a value of its own (the token, the owner and the expiry to the nanosecond), so while gen holds
+// this value the owner key, if it exists, is on this etcd lease.
 type heldEntry struct {
 	epoch, gen int64
 	owner      string
 	value      string
+	lease      clientv3.LeaseID
 }
 
-// wroteHeld records the gen value that this driver's acquisition or renewal of the lease wrote.
-func (d *Driver) wroteHeld(l driver.LeaseRef, value string) {
+// wroteHeld records the gen value that this driver's acquisition or renewal of the lease wrote,
+// with the owner key's etcd lease.
+func (d *Driver) wroteHeld(l driver.LeaseRef, value string, lease clientv3.LeaseID) {
 	a := &d.ahead
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	if a.held == nil || len(a.held) >= maxSnapshot {
 		a.held = map[string]heldEntry{}
 	}
-	a.held[l.Resource] = heldEntry{epoch: l.Epoch, gen: l.Generation, owner: l.Owner, value: value}
+	a.held[l.Resource] = heldEntry{epoch: l.Epoch, gen: l.Generation, owner: l.Owner, value: value, lease: lease}
 }
 
-// heldValueOf returns the gen value recorded for the lease, if this driver wrote it.
-func (d *Driver) heldValueOf(l driver.LeaseRef) (string, bool) {
+// heldValueOf returns what was recorded for the lease, if this driver wrote its gen value.
+func (d *Driver) heldValueOf(l driver.LeaseRef) (heldEntry, bool) {
 	a := &d.ahead
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	e, ok := a.held[l.Resource]
 	if !ok || e.epoch != l.Epoch || e.gen != l.Generation || e.owner != l.Owner {
-		return "", false
+		return heldEntry{}, false
 	}
-	return e.value, true
+	return e, true
 }
 
 // forgetHeld drops the recorded gen value of the resource: released, or no longer known.
@@ -621,10 +637,10 @@ func (d *Driver) Renew(ctx context.Context, l driver.LeaseRef, ttl time.Duration
 	}
 	until := sent.Add(time.Duration(lease.TTL) * time.Second)
 	value := encodeHeld(l.Epoch, l.Generation, l.Owner, until)
-	resp, err := d.holderTxn(ctx, "renew", k, l, true, nil,
+	resp, _, err := d.holderTxn(ctx, "renew", k, l, true, nil,
 		[]clientv3.Op{clientv3.OpGet(k.owner),
 			clientv3.OpPut(k.owner, l.Owner, clientv3.WithLease(lease.ID)),
-			clientv3.OpPut(k.gen, value)})
+			clientv3.OpPut(k.gen, value)}, nil)
 	if err != nil {
 		d.forgetHeld(l.Resource) // gen may hold either value
 		// Unless the Txn certainly did not happen, the owner key may already sit on the new
@@ -639,7 +655,7 @@ func (d *Driver) Renew(ctx context.Context, l driver.LeaseRef, ttl time.Duration
 		d.revoke(ctx, lease.ID)
 		return time.Time{}, false, nil
 	}
-	d.wroteHeld(l, value)
+	d.wroteHeld(l, value, lease.ID)
 	if old := kv(resp, 0); old != nil && old.lease != 0 {
 		d.forgetOwned(clientv3.LeaseID(old.lease))
 		d.revoke(ctx, clientv3.LeaseID(old.lease))
@@ -651,18 +667,20 @@ func (d *Driver) Renew(ctx context.Context, l driver.LeaseRef, ttl time.Duration
 // the operation id as accepted only where the lease holds (token, epoch, owner key present, so
 // its etcd lease has not expired), the published generation is below g (fixed-width values
 // compared bytewise; see encodeGen), the operation id has no record yet, and the source
-// version, when given, is not older than the published one. It returns the Txn's response
-// and the index of the owner key's delete among the release ops, when release is set.
-func (d *Driver) publishTxn(ctx context.Context, l driver.LeaseRef, pub driver.Publication, release bool) (*clientv3.TxnResponse, int, error) {
+// version, when given, is not older than the published one. It returns the Txn's response,
+// and, when release is set, what revokeReleased needs: the index of the owner key's delete
+// among the ops, and the owner key's etcd lease when the Txn etcd answered deleted it without
+// reading it (holderTxn's onLease).
+func (d *Driver) publishTxn(ctx context.Context, l driver.LeaseRef, pub driver.Publication, release bool) (*clientv3.TxnResponse, releasedOwner, error) {
 	if len(pub.Payload) > d.maxPayload {
-		return nil, 0, driver.NotApplied(fmt.Errorf("publish %d bytes: %w (%d bytes; etcd's default --max-request-bytes is 1.5 MiB)",
+		return nil, releasedOwner{}, driver.NotApplied(fmt.Errorf("publish %d bytes: %w (%d bytes; etcd's default --max-request-bytes is 1.5 MiB)",
 			len(pub.Payload), ErrPayloadTooLarge, d.maxPayload))
 	}
 	if err := checkOwner(l.Owner); err != nil {
-		return nil, 0, err
+		return nil, releasedOwner{}, err
 	}
 	if err := d.checkLayout(ctx); err != nil {
-		return nil, 0, err
+		return nil, releasedOwner{}, err
 	}
 	k := d.keys(l.Resource)
 	now := time.Now()
@@ -683,11 +701,13 @@ func (d *Driver) publishTxn(ctx context.Context, l driver.LeaseRef, pub driver.P
 		then = append(then, clientv3.OpPut(k.source, encodeGen(sv)))
 	}
 	ownerAt := len(then)
+	var exactThen []clientv3.Op
 	if release {
+		exactThen = append(slices.Clip(then), releaseOpsKnown(k, l)...)
 		then = append(then, releaseOps(k, l)...)
 	}
-	resp, err := d.holderTxn(ctx, "publish", k, l, true, cmps, then)
-	return resp, ownerAt, err
+	resp, onLease, err := d.holderTxn(ctx, "publish", k, l, true, cmps, then, exactThen)
+	return resp, releasedOwner{at: ownerAt, lease: onLease}, err
 }
 
 // releaseOps free the lease: the first deletes the owner key and returns it (its etcd lease,
@@ -696,6 +716,22 @@ func (d *Driver) publishTxn(ctx context.Context, l driver.LeaseRef, pub driver.P
 func releaseOps(k keys, l driver.LeaseRef) []clientv3.Op {
 	return []clientv3.Op{clientv3.OpDelete(k.owner, clientv3.WithPrevKV()),
 		clientv3.OpPut(k.gen, encodeToken(l.Epoch, l.Generation))}
+}
+
+// releaseOpsKnown are releaseOps for a Txn that compares gen with the exact value this driver
+// wrote (heldEntry): the owner key, if it still exists, is on the etcd lease recorded with that
+// value, so the delete reads nothing back, which saves etcd a range; its count of deleted keys
+// says whether the owner key was there.
+func releaseOpsKnown(k keys, l driver.LeaseRef) []clientv3.Op {
+	return []clientv3.Op{clientv3.OpDelete(k.owner),
+		clientv3.OpPut(k.gen, encodeToken(l.Epoch, l.Generation))}
+}
+
+// releasedOwner locates the owner key's delete in a releasing Txn's answer: the index of the
+// op, and the etcd lease the key was on when the Txn did not read it back (0: it did).
+type releasedOwner struct {
+	at    int
+	lease clientv3.LeaseID
 }
 
 func (d *Driver) Publish(ctx context.Context, l driver.LeaseRef, pub driver.Publication) (bool, error) {
@@ -707,14 +743,14 @@ func (d *Driver) Publish(ctx context.Context, l driver.LeaseRef, pub driver.Publ
 }
 
 func (d *Driver) PublishAndRelease(ctx context.Context, l driver.LeaseRef, pub driver.Publication) (bool, error) {
-	resp, ownerAt, err := d.publishTxn(ctx, l, pub, true)
+	resp, owner, err := d.publishTxn(ctx, l, pub, true)
 	d.forgetHeld(l.Resource)
 	if err != nil || !resp.Succeeded {
 		d.releaseUnconfirmed(l.Resource, l.Owner)
 		return false, err
 	}
 	d.remember(l.Resource, l.Epoch, l.Generation, resp.Header.Revision)
-	d.revokeReleased(ctx, resp, ownerAt)
+	d.revokeReleased(resp, owner)
 	return true, nil
 }
 
@@ -730,22 +766,29 @@ func (d *Driver) Release(ctx context.Context, l driver.LeaseRef) (bool, error) {
 		return false, err
 	}
 	k := d.keys(l.Resource)
-	resp, err := d.holderTxn(ctx, "release", k, l, false, nil, releaseOps(k, l))
+	resp, onLease, err := d.holderTxn(ctx, "release", k, l, false, nil, releaseOps(k, l), releaseOpsKnown(k, l))
 	d.forgetHeld(l.Resource)
 	if err != nil || !resp.Succeeded {
 		d.releaseUnconfirmed(l.Resource, l.Owner)
 		return false, err
 	}
 	d.remember(l.Resource, l.Epoch, l.Generation, resp.Header.Revision)
-	d.revokeReleased(ctx, resp, 0)
+	d.revokeReleased(resp, releasedOwner{at: 0, lease: onLease})
 	return true, nil
 }
 
-// revokeReleased hands back the etcd lease of the owner key that the i-th op (a delete with
-// its previous key-value) deleted: to the pool of leases granted ahead (ahead.go) or to the
-// reuse pool (reuse.go), or revoked in the background.
-func (d *Driver) revokeReleased(_ context.Context, resp *clientv3.TxnResponse, i int) {
-	if owner := deleted(resp, i); owner != nil && owner.lease != 0 {
+// revokeReleased hands back the etcd lease of the owner key that the Txn's delete removed (an
+// owner key that etcd had already deleted at expiry has no etcd lease to hand back): to the
+// pool of leases granted ahead (ahead.go) or to the reuse pool (reuse.go), or revoked in the
+// background.
+func (d *Driver) revokeReleased(resp *clientv3.TxnResponse, o releasedOwner) {
+	if o.lease != 0 {
+		if r := resp.Responses[o.at].GetResponseDeleteRange(); r != nil && r.Deleted == 1 {
+			d.released(o.lease)
+		}
+		return
+	}
+	if owner := deleted(resp, o.at); owner != nil && owner.lease != 0 {
 		d.released(clientv3.LeaseID(owner.lease))
 	}
 }

@@ -310,3 +310,37 @@ func TestReuseBoundsGrants(t *testing.T) {
 		})
 	}
 }
+
+// TestReleaseAfterExpiryHandsBackNothing: a release deletes the owner key without reading it
+// back when this driver wrote the gen value (releaseOpsKnown), and hands back the etcd lease
+// recorded with that value only when the delete removed a key. Once etcd has expired the
+// lease (the owner key deleted and the etcd lease revoked, as etcd's lessor does), the release
+// still succeeds, the lease being unsuperseded, and the gone etcd lease goes to no pool; a
+// release of a live lease hands its etcd lease back. (A publish-and-release needs the owner
+// key, so it never deletes a missing one.) Mutation: the lease handed back whatever the
+// delete found, caught (the gone lease sits in the reuse pool).
+func TestReleaseAfterExpiryHandsBackNothing(t *testing.T) {
+	t.Parallel()
+	const resource = "expired release ресурс\x00"
+	ctx := testCtx(t)
+	d := reuseDriver(t, newClient(t, cluster.endpoints()), nil, resource)
+	for _, expired := range []bool{true, false} {
+		g, err := d.Acquire(ctx, resource, "holder", reuseTTL)
+		if err != nil {
+			t.Fatal(err)
+		}
+		id, _ := ownerLease(t, d, resource)
+		if expired {
+			if err := expire(ctx, d, resource); err != nil {
+				t.Fatal(err)
+			}
+		}
+		l := driver.LeaseRef{Resource: resource, Owner: "holder", Epoch: g.Epoch, Generation: g.Generation}
+		if ok, err := d.Release(ctx, l); !ok || err != nil {
+			t.Fatalf("expired %v: release: %v, %v", expired, ok, err)
+		}
+		if pooled := d.idle(id); pooled == expired {
+			t.Fatalf("expired %v: etcd lease %x in the reuse pool: %v", expired, id, pooled)
+		}
+	}
+}

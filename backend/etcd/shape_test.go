@@ -17,8 +17,9 @@ import (
 // TestPairReadsNothingThroughRaft: the conditional Txns of an acquisition and a release carry
 // no Get, in either branch, write 3 keys and delete 1 between them (gen and owner; owner
 // deleted, gen back to the bare token), and compare 4 (etcd reads each compared key). A Txn that writes goes through Raft and the WAL whole, reads
-// included, also the reads of a branch etcd does not take; the only read a pair needs, the
-// released owner key's etcd lease, comes from its delete (WithPrevKV).
+// included, also the reads of a branch etcd does not take; the released owner key's etcd lease
+// is the one the acquisition put it on, recorded with the gen value it wrote, so the release's
+// delete reads nothing back either (releaseOpsKnown).
 func TestPairReadsNothingThroughRaft(t *testing.T) {
 	t.Parallel()
 	var (
@@ -60,6 +61,9 @@ func TestPairReadsNothingThroughRaft(t *testing.T) {
 		for _, op := range append(append([]*pb.RequestOp{}, r.Success...), r.Failure...) {
 			if op.GetRequestRange() != nil {
 				t.Errorf("Txn %d (%d compares) reads %q", i, len(r.Compare), op.GetRequestRange().Key)
+			}
+			if del := op.GetRequestDeleteRange(); del != nil && del.PrevKv {
+				t.Errorf("Txn %d (%d compares) reads back the key it deletes, %q", i, len(r.Compare), del.Key)
 			}
 		}
 	}
