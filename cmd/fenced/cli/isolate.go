@@ -273,12 +273,22 @@ func (w *workerNets) command(slot int, exe string, args []string) *exec.Cmd {
 }
 
 // isolate is the isolate fault: f.Count workers from slot f.Slot on (among the slots with a
-// namespace) are cut off from the database for f.For, then healed, also when the run is
-// interrupted meanwhile; the others keep working. The cut is aimed: it lands the moment the
-// first of them reports that it starts a build, so it holds a lease and its next requests
-// (renewal, publication, release) go out while it is cut off. They stall in TCP's
-// retransmissions while the lease expires on the database and another worker takes it, and
-// arrive after the heal: the fence must refuse them.
+// namespace) are cut off from the database, then healed, also when the run is interrupted
+// meanwhile; the others keep working. The schedule is forced, not hoped for (torture.Hold):
+//
+//  1. the first of them is held just before its next publication, holding a lease, and cut
+//     off there (the others with it);
+//  2. it stays held until another worker reports that it acquired that resource with a higher
+//     generation (the acquisition's RETURN is recorded by then), so that the lease is taken
+//     over before the stale publication is even called;
+//  3. it is let go and its publication's CALL is recorded while it is cut off: the request
+//     stalls in TCP's retransmissions;
+//  4. the link is healed once f.For has passed since the cut, and no sooner than TTLMin after
+//     that CALL, and the late request arrives: the fence must refuse it, a plain lock accepts
+//     it after an acknowledged acquisition with a higher token (invariant 3, certain).
+//
+// A step that does not come within its bound (no publication within awaitBound, no takeover
+// before the run's end) is said in the nemesis's record, and the fault goes on untargeted.
 func (t *tortureRun) isolate(ctx context.Context, f torture.Fault) {
 	w := t.nets
 	count := min(max(f.Count, 1), w.n)
@@ -307,18 +317,27 @@ func (t *tortureRun) isolate(ctx context.Context, f torture.Fault) {
 		}
 		begin = torture.Now()
 	}
+	how := "untargeted: no publication was reported within " + awaitBound.String()
+	var (
+		heldRes string
+		heldGen int64
+		called  time.Time // when the held worker's publication was called, if it was
+	)
+	p := procs[0]
 	aimed := false
-	if p := procs[0]; p != nil {
-		// The worker is stopped for the few milliseconds ip takes to set the link down, so
-		// that the cut lands in its build and not after its next request went out.
-		tr := p.setTrap("build", func(string) {
-			stopped := stopProcess(p.cmd.Process) == nil
-			cutAll()
-			if stopped {
-				_ = contProcess(p.cmd.Process)
+	if p != nil && p.control != nil {
+		tr := p.setTrap("held publish ", func(line string) {
+			// "held publish RESOURCE GENERATION": the worker waits for "go".
+			if _, err := fmt.Sscanf(line, "held publish %s %d", &heldRes, &heldGen); err != nil {
+				errs = append(errs, fmt.Sprintf("read %q: %v", line, err))
 			}
+			cutAll()
 		})
+		p.tell("hold publish")
 		aimed = t.await(ctx, p, tr)
+		if !aimed {
+			p.tell("go") // disarm; lets it go if it was held after all
+		}
 	}
 	if !aimed {
 		if ctx.Err() != nil {
@@ -326,11 +345,38 @@ func (t *tortureRun) isolate(ctx context.Context, f torture.Fault) {
 		}
 		cutAll()
 	}
+	if aimed {
+		cutAt := time.Now()
+		bound := time.Until(t.end())
+		taken := t.awaitTakeover(ctx, heldRes, heldGen, bound)
+		took := time.Since(cutAt).Round(time.Millisecond)
+		call := p.setTrap("call publish", func(string) { called = time.Now() })
+		p.tell("go")
+		t.await(ctx, p, call)
+		switch {
+		case taken && !called.IsZero():
+			how = fmt.Sprintf("held before its publication of %s generation %d, which it called once another worker had acquired a higher generation (%s after the cut)",
+				heldRes, heldGen, took)
+		case taken:
+			how = fmt.Sprintf("held before its publication of %s generation %d until another worker had acquired a higher generation (%s after the cut); no publication was called within %s",
+				heldRes, heldGen, took, awaitBound)
+		default:
+			how = fmt.Sprintf("held before its publication of %s generation %d; no other worker acquired it before the run's end (%s after the cut), then let go",
+				heldRes, heldGen, took)
+		}
+		if !called.IsZero() {
+			// The request in flight for a while before the heal, not still on its way out.
+			wait(ctx, time.Until(called.Add(torture.TTLMin)))
+		}
+		wait(ctx, time.Until(cutAt.Add(f.For)))
+	}
 	if len(cut) == 0 {
 		_ = t.nem.Write(torture.Record{Kind: torture.KindEvent, Event: "error", Detail: "isolate: " + strings.Join(errs, "; ")})
 		return
 	}
-	wait(ctx, f.For)
+	if !aimed {
+		wait(ctx, f.For)
+	}
 	// Healed whatever happened, with a context of its own: an interrupted run must not leave a
 	// worker cut off (its namespace is removed at the end in any case).
 	healCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
@@ -341,17 +387,13 @@ func (t *tortureRun) isolate(ctx context.Context, f torture.Fault) {
 		}
 	}
 	end := torture.Now()
-	how := "while it held a lease (at the start of its build)"
-	if !aimed {
-		how = "untargeted: no build was reported within 3s"
-	}
 	for i, s := range cut {
 		name := fmt.Sprintf("slot %d", s)
 		p := procs[slices.Index(slots, s)]
 		if p != nil {
 			name = p.name
 		}
-		detail := fmt.Sprintf("%s cut off from the database (%s down) %s for %s, then healed", name, w.dev(s), how, f.For)
+		detail := fmt.Sprintf("%s cut off from the database (%s down) %s, at least %s, then healed", name, w.dev(s), how, f.For)
 		if len(cut) > 1 {
 			detail += fmt.Sprintf(" (%d of %d workers cut at once)", i+1, len(cut))
 		}
@@ -363,5 +405,54 @@ func (t *tortureRun) isolate(ctx context.Context, f torture.Fault) {
 			rec.Proc = p.name
 		}
 		_ = t.nem.Write(rec)
+	}
+}
+
+// sawBuild notes a worker's "build RESOURCE GENERATION" phase line (awaitTakeover).
+func (t *tortureRun) sawBuild(line string) {
+	var (
+		res string
+		gen int64
+	)
+	if _, err := fmt.Sscanf(line, "build %s %d", &res, &gen); err != nil {
+		return
+	}
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.built == nil {
+		t.built = map[string]int64{}
+	}
+	if gen > t.built[res] {
+		t.built[res] = gen
+	}
+	if t.builtSeen != nil {
+		close(t.builtSeen)
+	}
+	t.builtSeen = make(chan struct{})
+}
+
+// awaitTakeover waits up to bound until some worker has reported acquiring resource with a
+// generation above gen; it reports whether one did.
+func (t *tortureRun) awaitTakeover(ctx context.Context, resource string, gen int64, bound time.Duration) bool {
+	timer := time.NewTimer(max(bound, 0))
+	defer timer.Stop()
+	for {
+		t.mu.Lock()
+		got := t.built[resource]
+		if t.builtSeen == nil {
+			t.builtSeen = make(chan struct{})
+		}
+		seen := t.builtSeen
+		t.mu.Unlock()
+		if got > gen {
+			return true
+		}
+		select {
+		case <-seen:
+		case <-timer.C:
+			return false
+		case <-ctx.Done():
+			return false
+		}
 	}
 }

@@ -6,6 +6,7 @@ import (
 	"crypto/rand"
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"os"
 	"os/exec"
@@ -642,6 +643,13 @@ type tortureRun struct {
 	partitions  int              // partition faults so far (etcd: the cut member's role alternates)
 	restarts    int              // restart faults so far (etcd: the crashed member's role alternates)
 	nets        *workerNets      // --worker-netns, or nil
+
+	// built is the highest generation of each resource a worker has reported acquiring (its
+	// "build RESOURCE GENERATION" phase line, written after the acquisition's RETURN record),
+	// and builtSeen is closed and replaced at each report: how the isolate fault waits for
+	// another worker to take a cut-off worker's lease over (awaitTakeover).
+	built     map[string]int64
+	builtSeen chan struct{}
 }
 
 // tortureProc is one worker process seen from the parent.
@@ -651,8 +659,18 @@ type tortureProc struct {
 	cmd  *exec.Cmd
 	done chan struct{} // closed once the process has exited and been reaped
 
+	control io.WriteCloser // the worker's stdin when it takes hold requests (--hold), or nil
+
 	mu   sync.Mutex
 	trap *trap
+}
+
+// tell writes one control line to the worker (torture.Hold); a worker that takes none, or has
+// exited, ignores it.
+func (p *tortureProc) tell(line string) {
+	if p.control != nil {
+		_, _ = io.WriteString(p.control, line+"\n")
+	}
 }
 
 // trap makes the stdout reader act the moment a worker reports a phase: a pause lands in the
@@ -904,6 +922,10 @@ func (t *tortureRun) startWorker(ctx context.Context, slot, incarnation int, rem
 	if !engineClock(t.url) {
 		args = append(args, "--no-engine-clock")
 	}
+	hold := t.nets != nil && contains(t.faults, torture.FaultIsolate)
+	if hold {
+		args = append(args, "--hold")
+	}
 	if t.clockFile != "" {
 		args = append(args, "--clock-file", t.clockFile)
 	}
@@ -921,11 +943,18 @@ func (t *tortureRun) startWorker(ctx context.Context, slot, incarnation int, rem
 		_ = stderr.Close()
 		return nil, err
 	}
+	var control io.WriteCloser
+	if hold {
+		if control, err = cmd.StdinPipe(); err != nil {
+			_ = stderr.Close()
+			return nil, err
+		}
+	}
 	if err := cmd.Start(); err != nil {
 		_ = stderr.Close()
 		return nil, fmt.Errorf("start worker %s: %w", name, err)
 	}
-	p := &tortureProc{slot: slot, name: name, cmd: cmd, done: make(chan struct{})}
+	p := &tortureProc{slot: slot, name: name, cmd: cmd, done: make(chan struct{}), control: control}
 	_ = t.nem.Write(torture.Record{Kind: torture.KindEvent, Event: "start", Slot: slot, Pid: cmd.Process.Pid, Detail: name})
 	t.mu.Lock()
 	t.procs[slot] = p
@@ -933,6 +962,9 @@ func (t *tortureRun) startWorker(ctx context.Context, slot, incarnation int, rem
 	go func() {
 		sc := bufio.NewScanner(stdout)
 		for sc.Scan() {
+			if hold {
+				t.sawBuild(sc.Text())
+			}
 			p.mu.Lock()
 			tr := p.trap
 			p.mu.Unlock()
@@ -1089,7 +1121,7 @@ func (a *app) tortureWorkerCmd() *cobra.Command {
 	var (
 		cfg                                                     torture.WorkerConfig
 		resources, history, clockFile, seedStr, barrier, mutant string
-		noClock, naive, gateFence                               bool
+		noClock, naive, gateFence, hold                         bool
 		gateURL, storeURL                                       string
 		az                                                      tortureAzureWorker
 	)
@@ -1145,6 +1177,9 @@ func (a *app) tortureWorkerCmd() *cobra.Command {
 				}
 				defer cfg.Barrier.Close()
 			}
+			if hold {
+				cfg.Hold = torture.NewHold(a.stdin)
+			}
 			return torture.RunWorker(cmd.Context(), cfg, drv, rec)
 		}),
 	}
@@ -1165,5 +1200,6 @@ func (a *app) tortureWorkerCmd() *cobra.Command {
 	f.StringVar(&mutant, "mutant", "", "a planted bug (tests only)")
 	f.BoolVar(&cfg.ShortBuilds, "short-builds", false, "keep every build within 3% of the lease's TTL")
 	f.BoolVar(&noClock, "no-engine-clock", false, "leave the engine's clock out of the history")
+	f.BoolVar(&hold, "hold", false, "take the nemesis's hold requests on stdin (the isolate fault)")
 	return cmd
 }

@@ -29,9 +29,13 @@ type WorkerConfig struct {
 	DropReply float64       // probability that an operation's reply is dropped after it ran
 	Naive     NaiveWrite    // nil: publish through the fence
 	Gate      *GateConfig   // nil: no participating service
-	// Phase receives "build" before the worker's build pause and "call OP" just after each
-	// CALL record is written, so that the nemesis can aim a pause or a kill.
+	// Phase receives "build RESOURCE GENERATION" before the worker's build pause (the
+	// acquisition's RETURN is recorded by then), "call OP" just after each CALL record is
+	// written and "held publish RESOURCE GENERATION" when Hold stops the worker, so that the
+	// nemesis can aim a pause, a kill or an isolation, and see a lease taken over.
 	Phase io.Writer
+	// Hold, when set, stops the worker before a publication when the nemesis asks (Hold).
+	Hold *Hold
 	// Barrier, when set, is held shared by each request from its CALL to its RETURN.
 	Barrier *Barrier
 	// RenewAlways renews every lease halfway through its build (a mutant test's schedule).
@@ -95,7 +99,7 @@ func RunWorker(ctx context.Context, cfg WorkerConfig, drv driver.Driver, rec *Re
 		renew := rng.Float64() < 0.2 || cfg.RenewAlways
 		together := cfg.Naive == nil && rng.Float64() < 0.5
 		if cfg.Phase != nil {
-			_, _ = io.WriteString(cfg.Phase, "build\n")
+			_, _ = fmt.Fprintf(cfg.Phase, "build %s %d\n", res, lease.Generation())
 		}
 		sleep(ctx, build/2)
 		if renew {
@@ -105,6 +109,7 @@ func RunWorker(ctx context.Context, cfg WorkerConfig, drv driver.Driver, rec *Re
 		seq++
 		payload := fmt.Appendf(nil, `{"worker":%q,"generation":%d,"seq":%d}`, cfg.Proc, lease.Generation(), seq)
 		gateWrite(ctx, cfg.Gate, rd, lease, payload)
+		cfg.Hold.at(ctx, cfg.Phase, res, lease.Generation())
 		if together {
 			_ = lease.PublishAndRelease(ctx, payload)
 			continue
