@@ -283,9 +283,9 @@ func (w *workerNets) command(slot int, exe string, args []string) *exec.Cmd {
 //     over before the stale publication is even called;
 //  3. it is let go and its publication's CALL is recorded while it is cut off: the request
 //     stalls in TCP's retransmissions;
-//  4. the link is healed once f.For has passed since the cut, and no sooner than TTLMin after
-//     that CALL, and the late request arrives: the fence must refuse it, a plain lock accepts
-//     it after an acknowledged acquisition with a higher token (invariant 3, certain).
+//  4. the link is healed once f.For has passed since the cut, and no sooner than healAfterCall
+//     after that CALL, and the late request arrives: the fence must refuse it, a plain lock
+//     accepts it after an acknowledged acquisition with a higher token (invariant 3, certain).
 //
 // A step that does not come within its bound (no publication within awaitBound, no takeover
 // before the run's end) is said in the nemesis's record, and the fault goes on untargeted.
@@ -365,8 +365,7 @@ func (t *tortureRun) isolate(ctx context.Context, f torture.Fault) {
 				heldRes, heldGen, took)
 		}
 		if !called.IsZero() {
-			// The request in flight for a while before the heal, not still on its way out.
-			wait(ctx, time.Until(called.Add(torture.TTLMin)))
+			wait(ctx, time.Until(called.Add(healAfterCall)))
 		}
 		wait(ctx, time.Until(cutAt.Add(f.For)))
 	}
@@ -407,6 +406,12 @@ func (t *tortureRun) isolate(ctx context.Context, f torture.Fault) {
 		_ = t.nem.Write(rec)
 	}
 }
+
+// healAfterCall is how long the held worker's publication is in flight, at least, before the
+// heal: longer than any TTL, as every cut is, so that the request is out and stalled, and so
+// that a cut that did not happen shows (the publication then answered before the heal, which
+// the tests' controls reject).
+const healAfterCall = torture.TTLMax + 200*time.Millisecond
 
 // sawBuild notes a worker's "build RESOURCE GENERATION" phase line (awaitTakeover).
 func (t *tortureRun) sawBuild(line string) {

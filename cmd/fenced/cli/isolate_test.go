@@ -16,6 +16,10 @@ import (
 // that were answered after the heal.
 var isolatedLine = regexp.MustCompile(`isolate: requests of a cut-off worker sent while cut off and answered after the heal: (.*)`)
 
+// cutHeld is the report's line when no request of a cut-off worker was answered by the database
+// before the heal: the cut held (a link never set down fails here).
+const cutHeld = "isolate: requests of a cut-off worker answered by the database while cut off: none"
+
 // checkIsolateCleanedUp requires that the run whose output is out left no namespace, link or
 // masquerade behind, and gave the server's link dev its forwarding back (0, as the test made it).
 func checkIsolateCleanedUp(t *testing.T, out, dev string) {
@@ -67,6 +71,9 @@ func TestTortureIsolate(t *testing.T) {
 					t.Fatalf("fenced torture with isolated workers: exit %d, want 0 and no violations", code)
 				}
 				checkTortured(t, out, "isolate")
+				if !strings.Contains(out, cutHeld) {
+					t.Error("a cut-off worker's request was answered by the database before the heal")
+				}
 				m := isolatedLine.FindStringSubmatch(out)
 				if m == nil || !regexp.MustCompile(`(publish|publish_release|renew|release) refused [1-9]`).MatchString(m[1]) {
 					t.Errorf("no request of an isolated worker, sent while cut off, was refused after the heal: %q", m)
@@ -89,6 +96,9 @@ func TestTortureIsolate(t *testing.T) {
 				// stale publications the isolate fault forces, accepted after the heal.
 				if m := isolatedLine.FindStringSubmatch(out); m == nil || !regexp.MustCompile(`publish ok [1-9]`).MatchString(m[1]) {
 					t.Errorf("no publication of an isolated worker, sent while cut off, was accepted after the heal: %q", m)
+				}
+				if !strings.Contains(out, cutHeld) {
+					t.Error("a cut-off worker's request was answered by the database before the heal")
 				}
 				checkIsolateCleanedUp(t, out, dev)
 			})
@@ -128,6 +138,9 @@ func checkIsolateControl(t *testing.T, code int, out string) {
 	}
 	if m := isolatedLine.FindStringSubmatch(out); m == nil || !regexp.MustCompile(`publish ok [1-9]`).MatchString(m[1]) {
 		t.Errorf("no publication of an isolated worker, sent while cut off, was accepted after the heal: %q", m)
+	}
+	if !strings.Contains(out, cutHeld) {
+		t.Error("a cut-off worker's request was answered by the database before the heal")
 	}
 	checkTortured(t, out, "isolate")
 }

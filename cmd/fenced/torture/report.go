@@ -64,13 +64,32 @@ func (r *Report) FaultCounts() map[string]int {
 // the isolate fault is for ("publish refused 2, renew unknown 1"). Fenced, a publication
 // among them is refused, or accepted only when nobody took the lease over meanwhile.
 func (r *Report) IsolatedDelayed() string {
+	return r.isolated(func(e *Record, op *Op) bool { return op.Return == 0 || op.Return >= e.EndTime })
+}
+
+// IsolatedAnswered lists, by operation and outcome, the requests that an isolated worker sent
+// while it was cut off and that the database answered (ok, busy, refused, not found) before the
+// heal: none when the cut held, since nothing of the worker reached the database meanwhile. A
+// cut that did not happen shows here (the worker went on working), where IsolatedDelayed may
+// still list the one request in flight at the heal.
+func (r *Report) IsolatedAnswered() string {
+	return r.isolated(func(e *Record, op *Op) bool {
+		return op.Return != 0 && op.Return < e.EndTime && op.Out != OutUnknown && op.Out != OutFailed
+	})
+}
+
+// isolated counts, by operation and outcome, the requests an isolated worker called while it
+// was cut off (isolation e) for which keep holds.
+func (r *Report) isolated(keep func(e *Record, op *Op) bool) string {
 	n := map[string]int{}
-	for _, e := range r.History.Events {
+	for i := range r.History.Events {
+		e := &r.History.Events[i]
 		if e.Event != FaultIsolate {
 			continue
 		}
-		for _, op := range r.History.Ops {
-			if op.Proc == e.Proc && op.Call >= e.Time && op.Call < e.EndTime && (op.Return == 0 || op.Return >= e.EndTime) {
+		for j := range r.History.Ops {
+			op := r.History.Ops[j]
+			if op.Proc == e.Proc && op.Call >= e.Time && op.Call < e.EndTime && keep(e, op) {
 				n[op.Kind+" "+op.Out]++
 			}
 		}
@@ -121,6 +140,7 @@ func (r *Report) WriteText(w io.Writer) {
 	fmt.Fprintf(w, "faults injected: %s\n", orNone(strings.Join(parts, ", ")))
 	if contains(run.Faults, FaultIsolate) {
 		fmt.Fprintf(w, "  isolate: requests of a cut-off worker sent while cut off and answered after the heal: %s\n", orNone(r.IsolatedDelayed()))
+		fmt.Fprintf(w, "  isolate: requests of a cut-off worker answered by the database while cut off: %s\n", orNone(r.IsolatedAnswered()))
 	}
 	for _, f := range AllFaults {
 		if why, ok := run.NotApplicable[f]; ok {
