@@ -651,14 +651,18 @@ func (d *Driver) Renew(ctx context.Context, l driver.LeaseRef, ttl time.Duration
 		}
 		return time.Time{}, false, err
 	}
+	// The revocations are cleanup (an etcd lease no key uses expires on its own), so they run
+	// in the background (revokeLater): a renewal answers after two Raft proposals, the grant
+	// and the Txn, not three. Run's renewals follow one another, so a renewal that waited on a
+	// third extended the trust window later on a slow member.
 	if !resp.Succeeded {
-		d.revoke(ctx, lease.ID)
+		d.revokeLater(lease.ID)
 		return time.Time{}, false, nil
 	}
 	d.wroteHeld(l, value, lease.ID)
 	if old := kv(resp, 0); old != nil && old.lease != 0 {
 		d.forgetOwned(clientv3.LeaseID(old.lease))
-		d.revoke(ctx, clientv3.LeaseID(old.lease))
+		d.revokeLater(clientv3.LeaseID(old.lease))
 	}
 	return until.UTC(), true, nil
 }
