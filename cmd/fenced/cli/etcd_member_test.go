@@ -14,7 +14,7 @@ import (
 
 // ownEtcd starts a one-member etcd of the test's own (a temporary data directory, free loopback
 // ports) and returns its URL, the --restart-cmd that kills it (kill -9) and starts it again
-// from its data directory, and the --restore-cmd that stops it, restores $FENCED_SNAPSHOT into
+// from its data directory, and the --restore-cmd that kills it, restores $FENCED_SNAPSHOT into
 // a fresh data directory (etcdutl, or etcdctl where etcdutl is missing: etcd 3.4) and starts
 // it from there. It skips without etcd (and fails under CI=true, where .ci/run installs it).
 func ownEtcd(t *testing.T) (url, restart, restore string) {
@@ -46,14 +46,28 @@ echo $! > %s
 	t.Cleanup(func() { killPidFile(pid) })
 	addr := strings.TrimPrefix(client, "http://")
 	waitListening(t, addr, 20*time.Second)
-	stop := func(signal string) string {
-		return fmt.Sprintf(`p=$(cat %s); kill %s "$p"; while kill -0 "$p" 2>/dev/null; do sleep 0.05; done`, pid, signal)
-	}
-	restart = stop("-9") + "; " + start
-	restore = stop("-TERM") + fmt.Sprintf(`; rm -rf %[1]s/restored && ETCDCTL_API=3 %[2]s snapshot restore "$FENCED_SNAPSHOT" --name m1 \
+	restart = killExited(pid) + "; " + start
+	restore = killExited(pid) + fmt.Sprintf(`; rm -rf %[1]s/restored && ETCDCTL_API=3 %[2]s snapshot restore "$FENCED_SNAPSHOT" --name m1 \
   --data-dir %[1]s/restored --initial-cluster m1=%[3]s --initial-advertise-peer-urls %[3]s >>%[1]s/restore.log 2>&1 && \
   rm -rf %[1]s/data && mv %[1]s/restored %[1]s/data && %[4]s`, dir, tool, peer, start)
 	return "etcd://" + addr, restart, restore
+}
+
+// killExited is a shell command that kills (-9) the server whose pid the file pid holds and
+// waits until it has exited: gone, or a zombie. An exited etcd has closed its ports and its data
+// directory; waiting for it to be reaped too (kill -0) waited on init, which adopts the servers
+// the start scripts leave behind and reaped them every 2 s or so on the machine measured
+// (docs/TORTURE.md). The restore replaces the data directories it stops, so it kills too: a
+// graceful stop of every member at once sometimes waited 7 s on a leadership transfer to a
+// member stopping as well.
+func killExited(pid string) string {
+	return fmt.Sprintf(`p=$(cat %s); kill -9 "$p"; %s`, pid, awaitExit(`"$p"`))
+}
+
+// awaitExit is a shell loop that waits until the process p (a shell word) has exited: gone, or
+// a zombie ("Z", the state after the command's name in /proc/PID/stat).
+func awaitExit(p string) string {
+	return fmt.Sprintf(`while kill -0 %[1]s 2>/dev/null && [ "$(sed 's/.*) //;s/ .*//' /proc/%[1]s/stat 2>/dev/null)" != Z ]; do sleep 0.02; done`, p)
 }
 
 // killPidFile kills (SIGKILL) the process whose id the file holds, if any: the server a test
@@ -118,8 +132,8 @@ func skipOrFail(t *testing.T, why string) {
 // through the bridge), dev (the bridge's side of m1's link to its peers: set down,
 // m1 is cut off from the others while the clients keep talking to it), a --restart-cmd that
 // crashes m1 (kill -9) and starts it again from its data directory, and a --restore-cmd that
-// stops every member, restores $FENCED_SNAPSHOT into a fresh data directory for each and
-// starts them. It skips (fails under CI=true) without root, ip or etcd.
+// kills every member, restores $FENCED_SNAPSHOT into a fresh data directory for each (the
+// three at once) and starts them. It skips (fails under CI=true) without root, ip or etcd.
 func netnsEtcd(t *testing.T) (url, all, dev, restart, restore string) {
 	t.Helper()
 	ip := ipTool(t)
@@ -141,7 +155,7 @@ func netnsEtcd(t *testing.T) (url, all, dev, restart, restore string) {
 	for i := 1; i <= members; i++ {
 		cluster = append(cluster, fmt.Sprintf("m%d=http://%s:2380", i, peerIP(i)))
 	}
-	var starts, stops, restores, endpoints []string
+	var starts, pids, restores, endpoints []string
 	for i := 1; i <= members; i++ {
 		ns := fmt.Sprintf("fenced-%s-%d", id, i)
 		addNetns(t, ip, ns)
@@ -172,19 +186,23 @@ echo $! > %[10]s
 			t.Fatalf("start etcd %s: %v: %s", name, err, out)
 		}
 		t.Cleanup(func() { killPidFile(pid) })
-		stop := func(signal string) string {
-			return fmt.Sprintf(`p=$(cat %s); kill %s "$p"; while kill -0 "$p" 2>/dev/null; do sleep 0.05; done`, pid, signal)
-		}
 		if i == 1 {
-			restart = stop("-9") + "; " + start
+			restart = killExited(pid) + "; " + start
 		}
-		starts, stops = append(starts, start), append(stops, stop("-TERM"))
-		restores = append(restores, fmt.Sprintf(`rm -rf %[1]s/%[2]s.restored && ETCDCTL_API=3 %[3]s snapshot restore "$FENCED_SNAPSHOT" \
+		starts, pids = append(starts, start), append(pids, pid)
+		restores = append(restores, fmt.Sprintf(`(rm -rf %[1]s/%[2]s.restored && ETCDCTL_API=3 %[3]s snapshot restore "$FENCED_SNAPSHOT" \
   --name %[2]s --data-dir %[1]s/%[2]s.restored --initial-cluster %[4]s --initial-cluster-token fenced-%[5]s-restored \
-  --initial-advertise-peer-urls http://%[6]s:2380 >>%[1]s/restore.log 2>&1 && rm -rf %[1]s/%[2]s && mv %[1]s/%[2]s.restored %[1]s/%[2]s`,
+  --initial-advertise-peer-urls http://%[6]s:2380 >>%[1]s/restore.log 2>&1 && rm -rf %[1]s/%[2]s && mv %[1]s/%[2]s.restored %[1]s/%[2]s) & r%[2]s=$!`,
 			dir, name, tool, strings.Join(cluster, ","), id, peerIP(i)))
 	}
 	waitListening(t, strings.TrimPrefix(url, "etcd://"), 20*time.Second)
-	restore = strings.Join(stops, "; ") + "; " + strings.Join(restores, " && ") + " && " + strings.Join(starts, " && ")
+	// Every member killed at once (their data directories are replaced), the snapshot restored
+	// into the three at once, each restore's status collected, then the members started.
+	var jobs []string
+	for i := 1; i <= members; i++ {
+		jobs = append(jobs, fmt.Sprintf(`$rm%d`, i))
+	}
+	restore = fmt.Sprintf(`ps=$(cat %s); kill -9 $ps; for p in $ps; do %s; done; %s; s=0; for j in %s; do wait $j || s=1; done; [ $s = 0 ] && %s`,
+		strings.Join(pids, " "), awaitExit(`"$p"`), strings.Join(restores, "; "), strings.Join(jobs, " "), strings.Join(starts, " && "))
 	return url, "etcd://" + strings.Join(endpoints, ","), dev, restart, restore
 }
