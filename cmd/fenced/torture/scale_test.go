@@ -231,6 +231,34 @@ func TestCheckerScale(t *testing.T) {
 	}
 }
 
+// TestCheckerSteps runs one step of the checker on one synthetic history, for counting its
+// instructions under valgrind, which, unlike time on a shared machine, do not move with the
+// load. It runs only when FENCED_TORTURE_STEPS names the number of operations;
+// FENCED_TORTURE_STEP says how far to go: gen (make the records), build (and Build them) or
+// check (and Check them). A step's count is its run's less the previous step's; see
+// docs/TORTURE.md ("counted instructions") for the command.
+func TestCheckerSteps(t *testing.T) {
+	n, _ := strconv.Atoi(os.Getenv("FENCED_TORTURE_STEPS"))
+	if n == 0 {
+		t.Skip("set FENCED_TORTURE_STEPS=N and FENCED_TORTURE_STEP=gen|build|check to run one step under valgrind")
+	}
+	step := os.Getenv("FENCED_TORTURE_STEP")
+	if step != "gen" && step != "build" && step != "check" {
+		t.Fatalf("FENCED_TORTURE_STEP=%q: want gen, build or check", step)
+	}
+	recs := synthetic(n, 16, 8, 200, 1)
+	if step == "gen" {
+		return
+	}
+	h := Build(recs, 0)
+	if step == "build" {
+		return
+	}
+	if r := Check(h, nil, 10*time.Minute); !r.OK() || len(r.Inconclusive) > 0 {
+		t.Fatalf("%d operations: %d violations, inconclusive %v", n, len(r.Violations), r.Inconclusive)
+	}
+}
+
 // cpuTime is the CPU time this process has used (user and system, the garbage collector's
 // included): steadier than the wall clock on a loaded machine.
 func cpuTime() time.Duration {
