@@ -350,8 +350,9 @@ func busy(row heldValue) error {
 // that linearizable read is a moment at which the lease was held.
 //
 // acquireCompares: the two compares pin the whole snapshot, the owner key's absence included,
-// because every Txn that creates or moves the owner key (an acquisition, a renewal, the fold
-// of Migrate) puts gen in the same Txn, and so moves gen's mod revision; what changes the
+// because every Txn that creates or moves the owner key (an acquisition, a renewal) puts gen
+// in the same Txn, and so moves gen's mod revision (Migrate's fold puts gen and never touches
+// the owner key); what changes the
 // owner key without gen only deletes it (a release also puts gen; etcd's expiry of the etcd
 // lease deletes it alone), which leaves a free resource free. So an owner key that exists now
 // but did not at the revision read would have failed the first compare. A third compare of
@@ -550,8 +551,12 @@ func (d *Driver) holderTxn(ctx context.Context, what string, k keys, l driver.Le
 
 // heldEntry is the gen value this driver wrote for a lease it acquired or renewed, and the etcd
 // lease it put the owner key on in the same Txn. Every Txn that puts the owner key puts gen with
-// a value of its own (the token, the owner and the expiry to the nanosecond), so while gen holds
-// this value the owner key, if it exists, is on this etcd lease.
+// the token, the owner and the expiry to the nanosecond, so while gen holds this value the owner
+// key, if it exists, is on this etcd lease, unless another driver renewed the same lease (same
+// token and owner) with a grant sent at the same nanosecond. Then the release would hand the
+// wrong etcd lease back to a pool: no key would be wrongly kept or deleted (every Txn compares
+// gen and the owner key), but a later acquisition on that lease could lose its owner key early
+// when the other driver revokes it. That coincidence is accepted, not tested.
 type heldEntry struct {
 	epoch, gen int64
 	owner      string
