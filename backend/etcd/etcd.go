@@ -728,8 +728,8 @@ func releaseOps(k keys, l driver.LeaseRef) []clientv3.Op {
 }
 
 // releaseOpsKnown are releaseOps for a Txn that compares gen with the exact value this driver
-// wrote (heldEntry): the owner key, if it still exists, is on the etcd lease recorded with that
-// value, so the delete reads nothing back, which saves etcd a range; its count of deleted keys
+// wrote: the owner key, if it still exists, is on the etcd lease recorded with that value (see
+// heldEntry for the one coincidence where it is not), so the delete reads nothing back, which saves etcd a range; its count of deleted keys
 // says whether the owner key was there.
 func releaseOpsKnown(k keys, l driver.LeaseRef) []clientv3.Op {
 	return []clientv3.Op{clientv3.OpDelete(k.owner),
