@@ -308,8 +308,13 @@ func (t *tortureRun) isolate(ctx context.Context, f torture.Fault) {
 		errs  []string
 	)
 	cutAll := func() {
+		if ctx.Err() != nil {
+			return
+		}
+		downCtx, cancel := netCtx(ctx) // not killed by an interruption half-way (see netCtx)
+		defer cancel()
 		for _, s := range slots {
-			if err := setLink(ctx, w.dev(s), false); err != nil {
+			if err := setLink(downCtx, w.dev(s), false); err != nil {
 				errs = append(errs, err.Error())
 				continue
 			}
@@ -378,15 +383,15 @@ func (t *tortureRun) isolate(ctx context.Context, f torture.Fault) {
 	}
 	// Healed whatever happened, with a context of its own: an interrupted run must not leave a
 	// worker cut off (its namespace is removed at the end in any case).
-	healCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
+	healCtx, cancel := netCtx(ctx)
 	defer cancel()
 	// The isolation ends, in the history, at the last instant every link was still down: an
 	// answer after it came after a heal. Taken after the heal, it counted a late request that
 	// the first link's heal let through while ip was still setting the next link up as
 	// answered while cut off.
 	end := torture.Now()
-	for _, s := range cut {
-		if err := setLink(healCtx, w.dev(s), true); err != nil {
+	for _, s := range slots { // every slot: a down call that failed may have taken effect
+		if err := setLink(healCtx, w.dev(s), true); err != nil && slices.Contains(cut, s) {
 			errs = append(errs, err.Error())
 		}
 	}

@@ -28,8 +28,18 @@ func setLink(ctx context.Context, dev string, up bool) error {
 	return nil
 }
 
+// netCtx is the context of an ip(8) or nft(8) call that changes the network. An interruption
+// of the run does not cancel it: killed after the kernel made the change but before the
+// command said so, the call would look failed, and the fault would stay in place with nobody
+// to undo it (the link left down, TestInterruptDuringInjection). The timeout bounds a command
+// that hangs.
+func netCtx(ctx context.Context) (context.Context, context.CancelFunc) {
+	return context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
+}
+
 // partition is the partition fault: the interface to the server's namespace is set down for
-// f.For, then up again, also when the run is interrupted meanwhile. Requests in flight stall
+// f.For, then up again, also when the run is interrupted meanwhile, during the down call
+// included. Requests in flight stall
 // (TCP retransmits) or fail; the server's clock runs on, so leases expire while their holders
 // cannot reach it.
 //
@@ -42,16 +52,23 @@ func (t *tortureRun) partition(ctx context.Context, f torture.Fault) {
 		t.partitions++
 		what = "etcd " + t.arrangeRole(ctx, d, t.partitions) + " cut off from its peers, clients still talking to it: "
 	}
+	if ctx.Err() != nil {
+		return
+	}
 	begin := torture.Now()
-	if err := setLink(ctx, t.o.partitionDev, false); err != nil {
+	downCtx, cancelDown := netCtx(ctx)
+	err := setLink(downCtx, t.o.partitionDev, false)
+	cancelDown()
+	// Up again whatever happened: an interrupted run must not leave the server cut off, nor
+	// may a down call that failed after all (a timeout) that took effect.
+	upCtx, cancel := netCtx(ctx)
+	defer cancel()
+	if err != nil {
+		_ = setLink(upCtx, t.o.partitionDev, true)
 		_ = t.nem.Write(torture.Record{Kind: torture.KindEvent, Event: "error", Detail: "partition: " + err.Error()})
 		return
 	}
 	wait(ctx, f.For)
-	// Up again whatever happened, with a context of its own: an interrupted run must not leave
-	// the server cut off.
-	upCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
-	defer cancel()
 	detail := fmt.Sprintf("%s%s down for %s", what, t.o.partitionDev, f.For)
 	if err := setLink(upCtx, t.o.partitionDev, true); err != nil {
 		detail += "; " + err.Error()
@@ -107,20 +124,27 @@ var droppedRe = regexp.MustCompile(`counter packets (\d+)`)
 
 // loss is the loss fault: f.LossPct % of the frames through --partition-dev are dropped at
 // random, each way, for f.For, then the rule is removed, also when the run is interrupted
-// meanwhile. TCP retransmits what is lost (from 200 ms, doubling), so requests arrive late or
+// meanwhile, during the call that adds the rule included. TCP retransmits what is lost (from 200 ms, doubling), so requests arrive late or
 // their connections give up; the detail counts the frames dropped.
 func (t *tortureRun) loss(ctx context.Context, f torture.Fault) {
 	table, dev := lossTable(), t.o.partitionDev
+	if ctx.Err() != nil {
+		return
+	}
 	begin := torture.Now()
-	if _, err := nft(ctx, lossRule(table, dev, f.LossPct), "-f", "-"); err != nil {
+	addCtx, cancelAdd := netCtx(ctx)
+	_, err := nft(addCtx, lossRule(table, dev, f.LossPct), "-f", "-")
+	cancelAdd()
+	// Removed whatever happened (see partition): an interrupted run must not leave the link
+	// lossy.
+	healCtx, cancel := netCtx(ctx)
+	defer cancel()
+	if err != nil {
+		_, _ = nft(healCtx, "", "delete", "table", "netdev", table)
 		_ = t.nem.Write(torture.Record{Kind: torture.KindEvent, Event: "error", Detail: "loss: " + err.Error()})
 		return
 	}
 	wait(ctx, f.For)
-	// Removed whatever happened, with a context of its own: an interrupted run must not leave
-	// the link lossy.
-	healCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
-	defer cancel()
 	dropped := 0
 	if out, err := nft(healCtx, "", "list", "table", "netdev", table); err == nil {
 		for _, m := range droppedRe.FindAllStringSubmatch(out, -1) {
