@@ -134,6 +134,10 @@ func newWorkerNets(ctx context.Context, n int, devs []string) (_ *workerNets, er
 	if err != nil {
 		return nil, err
 	}
+	// Not cut short by an interruption: an ip or nft call killed after it made a namespace or
+	// the masquerade, but before it said so, would leave them behind (see netCtx). The setup
+	// is a few dozen short calls.
+	ctx = context.WithoutCancel(ctx)
 	w := &workerNets{ip: ip, pid: os.Getpid(), n: n, forward: map[string]string{}}
 	if w.subnet, err = freeSubnet(); err != nil {
 		return nil, err
