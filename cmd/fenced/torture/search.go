@@ -1,11 +1,8 @@
 package torture
 
 import (
-	"cmp"
 	"hash/maphash"
 	"math/rand/v2"
-	"slices"
-	"sort"
 	"time"
 
 	"github.com/anishathalye/porcupine"
@@ -128,26 +125,7 @@ func numberOwners(ops []modelOp) {
 // run.
 func searchModel(ops []modelOp, init []state, deadline time.Time, maxSteps int) searchResult {
 	n := len(ops)
-	type stamp struct {
-		op  int
-		ret bool
-		t   int64
-	}
-	stamps := make([]stamp, 0, 2*n)
-	for i, op := range ops {
-		stamps = append(stamps, stamp{i, false, op.call}, stamp{i, true, op.ret})
-	}
-	slices.SortStableFunc(stamps, func(a, b stamp) int {
-		switch {
-		case a.t != b.t:
-			return cmp.Compare(a.t, b.t)
-		case a.ret == b.ret:
-			return 0
-		case b.ret:
-			return -1 // at the same instant, calls first: concurrent
-		}
-		return 1
-	})
+	stamps, byCall := stampOrder(ops)
 	// Deferrable operations: outcome unknown and open until the end of the history (every
 	// call comes before their return, and every other return but a deferrable one's). Not
 	// taking effect changes nothing, and such an operation can then be ordered last, after
@@ -242,13 +220,6 @@ func searchModel(ops []modelOp, init []state, deadline time.Time, maxSteps int) 
 			in  input
 			out output
 			ret int64
-		}
-		byCall := make([]int, n)
-		for i := range byCall {
-			byCall[i] = i
-		}
-		if !sort.SliceIsSorted(byCall, func(a, b int) bool { return ops[byCall[a]].call < ops[byCall[b]].call }) {
-			sort.SliceStable(byCall, func(a, b int) bool { return ops[byCall[a]].call < ops[byCall[b]].call })
 		}
 		// Only operations that return at the same instant as another can be twins: in a
 		// passing history, mostly those open to the end. The others stay out of the map.
@@ -575,4 +546,107 @@ func searchModel(ops []modelOp, init []state, deadline time.Time, maxSteps int) 
 		}
 	}
 	return res
+}
+
+// stamp is an operation's call or return, at its time.
+type stamp struct {
+	op  int
+	ret bool
+	t   int64
+}
+
+// stampOrder puts the calls and returns of ops in time order, calls before returns at the
+// same instant (concurrent), and otherwise in the order of ops: the order of a stable sort of
+// (call 0, return 0, call 1, ...) by (time, call first), which the search used until issue 13.
+// byCall are the operations in the order of their calls, ties in the order of ops. A
+// comparison sort made the check grow faster than the history (the stable sort's in-place
+// merges are O(n log² n)), and an insertion sort that would use the returns being nearly in
+// order cannot: every outcome left unknown returns at the history's end, and each return
+// after it in ops would pass it, O(n) per unknown outcome. So the calls and the returns are
+// each ordered by a radix sort, linear whatever the order (and one pass when already in
+// order, as the calls usually are), and then merged.
+func stampOrder(ops []modelOp) (stamps []stamp, byCall []int) {
+	n := len(ops)
+	times := make([]int64, n)
+	for i, op := range ops {
+		times[i] = op.call
+	}
+	byCall = radixOrder(times)
+	for i, op := range ops {
+		times[i] = op.ret
+	}
+	byRet := radixOrder(times)
+	stamps = make([]stamp, 0, 2*n)
+	c, r := 0, 0
+	for c < n || r < n {
+		if c < n && (r == n || ops[byCall[c]].call <= ops[byRet[r]].ret) {
+			stamps = append(stamps, stamp{byCall[c], false, ops[byCall[c]].call})
+			c++
+			continue
+		}
+		stamps = append(stamps, stamp{byRet[r], true, ops[byRet[r]].ret})
+		r++
+	}
+	return stamps, byCall
+}
+
+// radixBits is the width of a digit of radixOrder: 2048 counters, which stay in the cache.
+const radixBits = 11
+
+// radixOrder returns the indices of ts ordered by ts, equal times in the order of their
+// indices: a least significant digit first radix sort of the times less the least of them,
+// stable, in time linear in len(ts) (a pass per 11 bits of the times' range, ts skipped where
+// all share a digit). Times already in order take one pass.
+func radixOrder(ts []int64) []int {
+	n := len(ts)
+	idx := make([]int, n)
+	for i := range idx {
+		idx[i] = i
+	}
+	if n == 0 {
+		return idx
+	}
+	lo, hi, sorted := ts[0], ts[0], true
+	for i := 1; i < n; i++ {
+		t := ts[i]
+		sorted = sorted && t >= ts[i-1]
+		lo, hi = min(lo, t), max(hi, t)
+	}
+	if sorted {
+		return idx
+	}
+	type item struct {
+		key uint64
+		i   int
+	}
+	a, b := make([]item, n), make([]item, n)
+	for i, t := range ts {
+		a[i] = item{uint64(t - lo), i} // exact: where int64's difference wraps, uint64's is the same bits
+	}
+	span := uint64(hi - lo)
+	var count [1 << radixBits]int
+	for shift := 0; shift < 64 && span>>shift > 0; shift += radixBits {
+		clear(count[:])
+		for _, it := range a {
+			count[it.key>>shift&(1<<radixBits-1)]++
+		}
+		if count[a[0].key>>shift&(1<<radixBits-1)] == n {
+			continue // every time has this digit
+		}
+		sum := 0
+		for d, c := range count {
+			count[d] = sum
+			sum += c
+		}
+		for _, it := range a {
+			d := it.key >> shift & (1<<radixBits - 1)
+			b[count[d]] = it
+			count[d]++
+		}
+		a, b = b, a
+	}
+	for k, it := range a {
+		idx[k] = it.i
+	}
+	return idx
 }

@@ -1,9 +1,12 @@
 package torture
 
 import (
+	"cmp"
 	"fmt"
+	"math"
 	"math/rand/v2"
 	"slices"
+	"sort"
 	"testing"
 	"time"
 
@@ -366,5 +369,57 @@ func TestBacktrackRestoresTheOwnersNumber(t *testing.T) {
 	}
 	if r := search(ops, []state{init}, time.Now().Add(time.Minute), 0); r.verdict != linearizable {
 		t.Fatalf("verdict %d, want linearizable", r.verdict)
+	}
+}
+
+// TestStampOrderMatchesStableSort holds stampOrder to the order the search took from a stable
+// comparison sort until issue 13, on random operations: times from a few values (many ties,
+// calls and returns at the same instant), calls in order or not, unknown outcomes returning
+// together at the end, and times at int64's extremes (a range wider than int64 holds).
+func TestStampOrderMatchesStableSort(t *testing.T) {
+	rng := rand.New(rand.NewPCG(13, 13))
+	for round := range 3000 {
+		n := rng.IntN(300)
+		spread := []int64{3, 50, 1 << 20, 1 << 40}[rng.IntN(4)]
+		base := []int64{0, -1 << 30, math.MinInt64 / 2}[rng.IntN(3)]
+		end := base + spread*int64(n+2)
+		ops := make([]modelOp, n)
+		for i := range ops {
+			call := base + int64(i)*spread/4 + rng.Int64N(spread)
+			if round%3 == 0 {
+				call = base + rng.Int64N(spread*int64(n+1)) // calls in no order
+			}
+			ops[i] = modelOp{call: call, ret: call + rng.Int64N(spread)}
+			if rng.IntN(10) == 0 {
+				ops[i].ret = end // unknown outcome
+			}
+		}
+		if round%50 == 1 && n > 1 {
+			ops[0].call, ops[n-1].ret = math.MinInt64, math.MaxInt64
+		}
+		want := make([]stamp, 0, 2*n)
+		for i, op := range ops {
+			want = append(want, stamp{i, false, op.call}, stamp{i, true, op.ret})
+		}
+		slices.SortStableFunc(want, func(a, b stamp) int {
+			switch {
+			case a.t != b.t:
+				return cmp.Compare(a.t, b.t)
+			case a.ret == b.ret:
+				return 0
+			case b.ret:
+				return -1
+			}
+			return 1
+		})
+		wantCall := make([]int, n)
+		for i := range wantCall {
+			wantCall[i] = i
+		}
+		sort.SliceStable(wantCall, func(a, b int) bool { return ops[wantCall[a]].call < ops[wantCall[b]].call })
+		got, byCall := stampOrder(ops)
+		if !slices.Equal(got, want) || !slices.Equal(byCall, wantCall) {
+			t.Fatalf("round %d, %d operations: stamps %v\nwant %v\ncalls %v, want %v", round, n, got, want, byCall, wantCall)
+		}
 	}
 }
