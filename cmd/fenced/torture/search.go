@@ -292,6 +292,22 @@ func searchModel(ops []modelOp, init []state, deadline time.Time, maxSteps int) 
 			ev[dHead].next = e
 		}
 	}
+	// The second pass at a return looks only at the deferrable calls made before it, and the
+	// calls made after it lead the list (newest first), all still in it: none of them was
+	// ordered or taken out on the way down (the return the pass stops at moves only later as
+	// operations are ordered), and a twin that joins the list takes the place of one called
+	// before. So the pass starts after the oldest of them, skipAfter[e] for the return e
+	// (dHead when there is none), instead of walking over them: they are the deferrable calls
+	// of the history's remainder, so walking over them at every stuck return cost more per
+	// operation the longer the history: 5 000 of the checker's 110 000 steps on the synthetic
+	// history of 100 000 operations, 2.25 million of its 3.41 million at a million (issue 13).
+	skipAfter := make([]int, 2*n+1)
+	for e, p := 2*n, dHead; e > 0; e-- {
+		skipAfter[e] = p
+		if !ev[e].ret && deferrable[ev[e].op] && prevTwin[ev[e].op] < 0 {
+			p = e
+		}
+	}
 	// Every change to the lists is logged (an event taken out, or, as ^e, put in) and undone
 	// in reverse order when the search backtracks (Knuth's dancing links).
 	var undo []int
@@ -465,7 +481,7 @@ func searchModel(ops []modelOp, init []state, deadline time.Time, maxSteps int) 
 			e := ev[cur]
 			if e.ret {
 				// A return whose call is still in the list: try the deferrable operations.
-				cur, from, late, limit = ev[dHead].next, 0, true, cur
+				cur, from, late, limit = ev[skipAfter[cur]].next, 0, true, cur
 				continue
 			}
 			if t := prevTwin[e.op]; t >= 0 && !ordered[t] {

@@ -328,7 +328,9 @@ func TestUnknownPublicationWaitsForARestore(t *testing.T) {
 // leaves only the initial pair, and the pruning is the same as when every pair entered on
 // the way down: the step counts below are those that search took on these histories with
 // that memo (main at 97481aa), on a passing history with many unknown outcomes and on an
-// illegal one.
+// illegal one, less the steps it spent walking over the deferrable calls made after a stuck
+// return, which the search no longer walks over (skipAfter; 12 605 and 6 861 of them, counted
+// on the search before that change, whose backtracks, descents and memo were the same).
 func TestMemoHoldsExhaustedPairsOnly(t *testing.T) {
 	run := func(recs []Record) searchResult {
 		h := Build(recs, 0)
@@ -337,13 +339,13 @@ func TestMemoHoldsExhaustedPairsOnly(t *testing.T) {
 	if r := run(synthetic(5_000, 8, 1, 0, 3)); r.verdict != linearizable || r.steps != 5_001 || r.memo > 1 {
 		t.Errorf("no unknown outcome: verdict %v, %d steps, %d pairs in the memo; want linearizable, 5001, at most 1", r.verdict, r.steps, r.memo)
 	}
-	if r := run(synthetic(5_000, 8, 1, 5, 3)); r.verdict != linearizable || r.steps != 19_935 || r.memo == 0 {
-		t.Errorf("one unknown outcome in 5: verdict %v, %d steps, %d pairs in the memo; want linearizable, 19935, some", r.verdict, r.steps, r.memo)
+	if r := run(synthetic(5_000, 8, 1, 5, 3)); r.verdict != linearizable || r.steps != 7_330 || r.memo == 0 {
+		t.Errorf("one unknown outcome in 5: verdict %v, %d steps, %d pairs in the memo; want linearizable, 7330, some", r.verdict, r.steps, r.memo)
 	}
 	recs := synthetic(2_000, 8, 1, 5, 3)
 	what := mutate(recs, rand.New(rand.NewPCG(13, 13)))
-	if r := run(recs); r.verdict != illegal || r.steps != 9_485 {
-		t.Errorf("mutant (%s): verdict %v after %d steps; want illegal after 9485", what, r.verdict, r.steps)
+	if r := run(recs); r.verdict != illegal || r.steps != 2_624 {
+		t.Errorf("mutant (%s): verdict %v after %d steps; want illegal after 2624", what, r.verdict, r.steps)
 	}
 }
 
