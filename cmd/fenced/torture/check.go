@@ -670,6 +670,7 @@ func (c *checker) clockMap() []clockEra {
 		}
 		return false
 	}
+	at := 0 // the era of the previous operation's call
 	for _, op := range c.h.Ops {
 		if op.Out != OutOK || op.Unknown() {
 			continue
@@ -686,7 +687,8 @@ func (c *checker) clockMap() []clockEra {
 		if nearJump(op.Call, op.Return) {
 			continue
 		}
-		i := sort.Search(len(eras), func(i int) bool { return eras[i].to > op.Call })
+		at = eraOf(eras, at, op.Call)
+		i := at
 		if i == len(eras) || op.Return > eras[i].to {
 			continue // straddles two eras
 		}
@@ -696,18 +698,34 @@ func (c *checker) clockMap() []clockEra {
 	return eras
 }
 
+// eraOf is the index of the era that a call at call falls in (the first era to end after it),
+// len(eras) when none, given from, the era of an earlier call: the history's operations are
+// in call order, so the eras are found in one pass over them rather than by a binary search
+// per operation, whose cost grew with the history's length (issue 13). A call before the
+// earlier one is searched for.
+func eraOf(eras []clockEra, from int, call int64) int {
+	if from > 0 && eras[from-1].to > call {
+		return sort.Search(len(eras), func(i int) bool { return eras[i].to > call })
+	}
+	for from < len(eras) && eras[from].to <= call {
+		from++
+	}
+	return from
+}
+
 // liveness checks invariant 14 where the history can: an acquisition answered busy names the
 // holder's expiry on the engine's clock; if the engine's clock had passed it by more than
 // LivenessBound when the request was called (the earliest moment the engine could decide),
 // the resource was free and the answer was wrong.
 func (c *checker) liveness() {
 	eras := c.clockMap()
-	inconsistent := 0
+	inconsistent, at := 0, 0
 	for _, op := range c.h.Ops {
 		if op.Kind != OpAcquire || op.Out != OutBusy || op.LeaseUntilUs == 0 {
 			continue
 		}
-		i := sort.Search(len(eras), func(i int) bool { return eras[i].to > op.Call })
+		at = eraOf(eras, at, op.Call)
+		i := at
 		if i == len(eras) || op.Return > eras[i].to || eras[i].samples == 0 {
 			continue
 		}

@@ -425,3 +425,29 @@ func TestStampOrderMatchesStableSort(t *testing.T) {
 		}
 	}
 }
+
+// TestEraOfMatchesSearch holds eraOf, which walks forward from the era of the previous call,
+// to the binary search it replaced, on random eras and calls, mostly in order, some not, some
+// before the first era or after the last.
+func TestEraOfMatchesSearch(t *testing.T) {
+	rng := rand.New(rand.NewPCG(14, 14))
+	for round := range 500 {
+		eras := make([]clockEra, rng.IntN(12))
+		to := rng.Int64N(100)
+		for i := range eras {
+			to += 1 + rng.Int64N(100)
+			eras[i].to = to
+		}
+		at, call := 0, int64(-50)
+		for range 200 {
+			call += rng.Int64N(60)
+			if rng.IntN(20) == 0 {
+				call -= rng.Int64N(400) // out of order
+			}
+			want := sort.Search(len(eras), func(i int) bool { return eras[i].to > call })
+			if at = eraOf(eras, at, call); at != want {
+				t.Fatalf("round %d: call %d in eras %v: era %d, want %d", round, call, eras, at, want)
+			}
+		}
+	}
+}
