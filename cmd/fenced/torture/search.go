@@ -2,6 +2,7 @@ package torture
 
 import (
 	"hash/maphash"
+	"math"
 	"math/rand/v2"
 	"time"
 
@@ -68,6 +69,7 @@ type searchResult struct {
 	depth   int // longest partial linearization, in operations
 	steps   int // steps taken: operations tried, returns reached, events passed over
 	memo    int // (set, state) pairs in the memo at the verdict
+	pruned  int // deferrable operations the generation bound ruled out (searchOrders)
 	order   []int
 }
 
@@ -91,12 +93,17 @@ type event struct {
 // when 0): proving that no order exists may take time exponential in the number of operations
 // open at once, and a budget in steps bounds it whatever the machine's load.
 func search(ops []porcupine.Operation, init []state, deadline time.Time, maxSteps int) searchResult {
+	return searchModel(fromPorcupine(ops), init, deadline, maxSteps)
+}
+
+// fromPorcupine is ops as the model reads them, their owners numbered.
+func fromPorcupine(ops []porcupine.Operation) []modelOp {
 	mops := make([]modelOp, len(ops))
 	for i, op := range ops {
 		mops[i] = modelOp{in: op.Input.(input), out: op.Output.(output), call: op.Call, ret: op.Return}
 	}
 	numberOwners(mops)
-	return searchModel(mops, init, deadline, maxSteps)
+	return mops
 }
 
 // numberOwners sets the owner numbers of ops (modelOp.inOwner, outOwner) with a map of the
@@ -123,7 +130,38 @@ func numberOwners(ops []modelOp) {
 // slice, their owners numbered: the checker calls it directly, and makes porcupine's
 // operations (an input and an output boxed on the heap for each) only when porcupine has to
 // run.
+//
+// The search first runs with the generation bound (searchOrders, need), which only cuts off
+// branches that cannot succeed, but thereby can change the return the search could not get
+// past at its deepest: the culprit reported for an illegal history (a read that goes back a
+// generation becomes the read before it, whose generation the search no longer reaches;
+// TestTwinsWithNamedUnknownsDecide). So when the bound ruled anything out on the way to an
+// illegal verdict, the search runs again without it, and that run's verdict, culprit and
+// depth are reported: the search's before the bound, unless the steps (both runs share
+// maxSteps) or the time run out first, when the bounded run's are. An illegal history costs
+// what it did before plus the bounded run; a passing one no longer pays for the branches the
+// bound cuts. TestGenerationBoundChangesNoVerdict checks that the bound changes no verdict.
 func searchModel(ops []modelOp, init []state, deadline time.Time, maxSteps int) searchResult {
+	r := searchOrders(ops, init, deadline, maxSteps, true)
+	if r.verdict != illegal || r.pruned == 0 || (maxSteps > 0 && r.steps >= maxSteps) {
+		return r
+	}
+	budget := 0
+	if maxSteps > 0 {
+		budget = maxSteps - r.steps
+	}
+	again := searchOrders(ops, init, deadline, budget, false)
+	again.steps += r.steps
+	if again.verdict == undecided || again.verdict == timedOut {
+		// Out of steps or time: the bounded run's verdict stands, with its culprit.
+		r.steps = again.steps
+		return r
+	}
+	return again
+}
+
+// searchOrders is searchModel's search, with the generation bound (see need) when bounded.
+func searchOrders(ops []modelOp, init []state, deadline time.Time, maxSteps int, bounded bool) searchResult {
 	n := len(ops)
 	stamps, byCall := stampOrder(ops)
 	// Deferrable operations: outcome unknown and open until the end of the history (every
@@ -373,6 +411,56 @@ func searchModel(ops []modelOp, init []state, deadline time.Time, maxSteps int) 
 			}
 		}
 	}
+	// The generation bound. Generations only grow, but for a restore's: an acquisition takes
+	// the next one, and nothing else changes it (after). So where no restore is searched, an
+	// operation that needs the resource at a generation (need: an acquisition granted the one
+	// after it; an accepted publication, renewal or release its lease's; a read or a copy the
+	// one it returned) can no longer be ordered once the state is past it, and neither can the
+	// history be completed while that operation is left to order. The second pass therefore
+	// passes over a deferrable operation that would take the state past the least need of the
+	// operations left to order (bound). Without it, the search ordered, at a stuck return, one
+	// unknown acquisition after another (twins, each taking the next generation) before it
+	// backtracked, and again at every level it backtracked through: those left not taking
+	// effect accumulate along the history, so the backtracking per operation grew with the
+	// history's length (840 backtracks at 100 000 operations, 28 834 at a million; with the
+	// bound, 42 and 213; issue 13).
+	const noNeed = math.MaxInt64
+	need := make([]int64, n)
+	monotone := bounded
+	for i, op := range ops {
+		need[i] = noNeed
+		switch {
+		case op.in.Kind == OpRestore:
+			monotone = false
+		case op.out.Out != OutOK:
+		case op.in.Kind == OpAcquire:
+			need[i] = op.out.Gen - 1
+		case op.in.Kind == OpShow || op.in.Kind == OpSnapshot:
+			need[i] = op.out.Gen
+		case op.in.Kind == OpPublish || op.in.Kind == OpPublishRelease || op.in.Kind == OpRenew || op.in.Kind == OpRelease:
+			need[i] = op.in.Gen
+		}
+	}
+	// later[e] is the least need of the operations called after the event e. Every operation
+	// the search orders is called before the return the second pass stops at, which only moves
+	// later as operations are ordered: so the operations called after it are all left to order,
+	// those called before it are left if their calls are still in the main list, and boundAt
+	// is the least need of every operation left to order.
+	later := make([]int64, 2*n+1)
+	for e, b := 2*n, int64(noNeed); e >= 0; e-- {
+		later[e] = b
+		if e > 0 && !ev[e].ret {
+			b = min(b, need[ev[e].op])
+		}
+	}
+	boundAt := func(limit int) int64 {
+		b := later[limit]
+		for x := ev[0].next; x != limit; x = ev[x].next {
+			b = min(b, need[ev[x].op])
+		}
+		return b
+	}
+	bound := int64(noNeed)
 	ordered := make([]bool, n)
 	order := func(op int, delta int32) {
 		for _, id := range mentions[op] {
@@ -411,6 +499,7 @@ func searchModel(ops []modelOp, init []state, deadline time.Time, maxSteps int) 
 		limit int   // in the second pass: the return it stopped at
 		mark  int   // the undo log's length before
 		owner int32 // state's stID
+		bound int64 // in the second pass: its bound
 	}
 	calls := make([]frame, 0, n) // as deep as every operation ordered: grown once
 	// stID is the number of st.Owner, -1 when st.Owner is "" or unobservable.
@@ -466,7 +555,7 @@ func searchModel(ops []modelOp, init []state, deadline time.Time, maxSteps int) 
 				seenSets[lin1] = struct{}{}
 				top := calls[len(calls)-1]
 				calls = calls[:len(calls)-1]
-				cur, st, stID, from, limit = top.e, top.state, top.owner, top.alt+1, top.limit
+				cur, st, stID, from, limit, bound = top.e, top.state, top.owner, top.alt+1, top.limit, top.bound
 				op := ev[cur].op
 				late = deferrable[op]
 				lin1, lin2 = lin1^z1[op], lin2^z2[op]
@@ -482,6 +571,9 @@ func searchModel(ops []modelOp, init []state, deadline time.Time, maxSteps int) 
 			if e.ret {
 				// A return whose call is still in the list: try the deferrable operations.
 				cur, from, late, limit = ev[skipAfter[cur]].next, 0, true, cur
+				if monotone {
+					bound = boundAt(limit)
+				}
 				continue
 			}
 			if t := prevTwin[e.op]; t >= 0 && !ordered[t] {
@@ -504,6 +596,10 @@ func searchModel(ops []modelOp, init []state, deadline time.Time, maxSteps int) 
 				next := nexts.s[a]
 				if deferrable[e.op] && next == st {
 					continue // not taking effect: ordered last
+				}
+				if deferrable[e.op] && monotone && next.Gen > bound {
+					res.pruned++
+					continue // an operation called before the stuck return needs a generation passed
 				}
 				// The model gives the next state the operation's owner, keeps the state's, or
 				// clears it: the owner's number is known either way.
@@ -531,7 +627,7 @@ func searchModel(ops []modelOp, init []state, deadline time.Time, maxSteps int) 
 				if !deferrable[e.op] {
 					required--
 				}
-				calls = append(calls, frame{cur, st, a, limit, len(undo), stID})
+				calls = append(calls, frame{cur, st, a, limit, len(undo), stID, bound})
 				st, stID = next, nextID
 				lift(cur)
 				cur, from, late, descended = ev[0].next, 0, false, true

@@ -330,22 +330,37 @@ func TestUnknownPublicationWaitsForARestore(t *testing.T) {
 // that memo (main at 97481aa), on a passing history with many unknown outcomes and on an
 // illegal one, less the steps it spent walking over the deferrable calls made after a stuck
 // return, which the search no longer walks over (skipAfter; 12 605 and 6 861 of them, counted
-// on the search before that change, whose backtracks, descents and memo were the same).
+// on the search before that change, whose backtracks, descents and memo were the same). They
+// are counted without the generation bound, which cuts both short (and the memo with them):
+// with it, the passing history takes 4 070 steps, and the illegal one 379 before the search
+// without it that reports its culprit (searchModel).
 func TestMemoHoldsExhaustedPairsOnly(t *testing.T) {
-	run := func(recs []Record) searchResult {
+	run := func(recs []Record, bounded bool) searchResult {
 		h := Build(recs, 0)
-		return search(porcupineOps(h.Ops), []state{{}}, time.Now().Add(time.Minute), 0)
+		return searchOrders(fromPorcupine(porcupineOps(h.Ops)), []state{{}}, time.Now().Add(time.Minute), 0, bounded)
 	}
-	if r := run(synthetic(5_000, 8, 1, 0, 3)); r.verdict != linearizable || r.steps != 5_001 || r.memo > 1 {
+	if r := run(synthetic(5_000, 8, 1, 0, 3), false); r.verdict != linearizable || r.steps != 5_001 || r.memo > 1 {
 		t.Errorf("no unknown outcome: verdict %v, %d steps, %d pairs in the memo; want linearizable, 5001, at most 1", r.verdict, r.steps, r.memo)
 	}
-	if r := run(synthetic(5_000, 8, 1, 5, 3)); r.verdict != linearizable || r.steps != 7_330 || r.memo == 0 {
+	if r := run(synthetic(5_000, 8, 1, 5, 3), false); r.verdict != linearizable || r.steps != 7_330 || r.memo == 0 {
 		t.Errorf("one unknown outcome in 5: verdict %v, %d steps, %d pairs in the memo; want linearizable, 7330, some", r.verdict, r.steps, r.memo)
+	}
+	if r := run(synthetic(5_000, 8, 1, 5, 3), true); r.verdict != linearizable || r.steps != 4_070 {
+		t.Errorf("one unknown outcome in 5, bounded: verdict %v, %d steps; want linearizable, 4070", r.verdict, r.steps)
 	}
 	recs := synthetic(2_000, 8, 1, 5, 3)
 	what := mutate(recs, rand.New(rand.NewPCG(13, 13)))
-	if r := run(recs); r.verdict != illegal || r.steps != 2_624 {
+	if r := run(recs, false); r.verdict != illegal || r.steps != 2_624 {
 		t.Errorf("mutant (%s): verdict %v after %d steps; want illegal after 2624", what, r.verdict, r.steps)
+	}
+	if r := run(recs, true); r.verdict != illegal || r.steps != 379 || r.pruned == 0 {
+		t.Errorf("mutant (%s), bounded: verdict %v after %d steps, %d pruned; want illegal after 379, some pruned", what, r.verdict, r.steps, r.pruned)
+	}
+	// 1 000 steps decide it with the bound, not without: the bounded run's verdict stands,
+	// and both runs together take no more than the budget.
+	h := Build(recs, 0)
+	if r := searchModel(fromPorcupine(porcupineOps(h.Ops)), []state{{}}, time.Now().Add(time.Minute), 1_000); r.verdict != illegal || r.steps != 1_000 {
+		t.Errorf("mutant (%s), 1000 steps: verdict %v after %d steps; want illegal after 1000", what, r.verdict, r.steps)
 	}
 }
 
@@ -449,5 +464,60 @@ func TestEraOfMatchesSearch(t *testing.T) {
 				t.Fatalf("round %d: call %d in eras %v: era %d, want %d", round, call, eras, at, want)
 			}
 		}
+	}
+}
+
+// TestGenerationBoundChangesNoVerdict runs the search with and without the generation bound
+// (searchOrders) on small histories, correct and broken by one reply, with many unknown
+// outcomes, and on the bursts of unanswered acquisitions: the verdicts must be the same, and
+// what searchModel reports for an illegal one (culprit, depth) the unbounded search's. The
+// bound must also have ruled something out, on passing and on illegal histories.
+func TestGenerationBoundChangesNoVerdict(t *testing.T) {
+	rng := rand.New(rand.NewPCG(21, 21))
+	var histories [][]modelOp
+	for seed := range uint64(200) {
+		recs := synthetic(400, 5, 2, 8, seed)
+		if seed%2 == 1 {
+			mutate(recs, rng)
+		}
+		h := Build(recs, 0)
+		byRes := map[string][]*Op{}
+		for _, op := range h.Ops {
+			byRes[op.Resource] = append(byRes[op.Resource], op)
+		}
+		for _, ops := range byRes {
+			histories = append(histories, fromPorcupine(porcupineOps(ops)))
+		}
+	}
+	for _, broken := range []bool{false, true} {
+		histories = append(histories, fromPorcupine(twinsAndNamed(60, broken)))
+	}
+	// A restore takes the generation back: an unanswered acquisition must take effect for a
+	// read of generation 1, although an acquisition after the restore is granted 1 again.
+	histories = append(histories, fromPorcupine([]porcupine.Operation{
+		{Call: 1, Return: 1000, Input: input{Kind: OpAcquire, Owner: "a"}, Output: output{Out: OutUnknown}},
+		{Call: 10, Return: 11, Input: input{Kind: OpShow}, Output: output{Out: OutOK, Gen: 1}},
+		{Call: 20, Return: 21, Input: input{Kind: OpRestore}, Output: output{Out: OutOK}},
+		{Call: 30, Return: 31, Input: input{Kind: OpAcquire, Owner: "b"}, Output: output{Out: OutOK, Gen: 1}},
+	}))
+	prunedPassing, prunedIllegal := 0, 0
+	for i, ops := range histories {
+		deadline := time.Now().Add(time.Minute)
+		with := searchOrders(ops, []state{{}}, deadline, 0, true)
+		without := searchOrders(ops, []state{{}}, deadline, 0, false)
+		if with.verdict != without.verdict || with.verdict == timedOut {
+			t.Fatalf("history %d: verdict %d with the bound, %d without", i, with.verdict, without.verdict)
+		}
+		if with.verdict == illegal {
+			prunedIllegal += with.pruned
+			if r := searchModel(ops, []state{{}}, deadline, 0); r.culprit != without.culprit || r.depth != without.depth {
+				t.Fatalf("history %d: culprit %d at depth %d, want %d at %d", i, r.culprit, r.depth, without.culprit, without.depth)
+			}
+		} else {
+			prunedPassing += with.pruned
+		}
+	}
+	if prunedPassing == 0 || prunedIllegal == 0 {
+		t.Errorf("the bound ruled out %d operations on passing histories, %d on illegal ones: the test shows nothing", prunedPassing, prunedIllegal)
 	}
 }
