@@ -672,22 +672,19 @@ type stamp struct {
 // (call 0, return 0, call 1, ...) by (time, call first), which the search used until issue 13.
 // byCall are the operations in the order of their calls, ties in the order of ops. A
 // comparison sort made the check grow faster than the history (the stable sort's in-place
-// merges are O(n log² n)), and an insertion sort that would use the returns being nearly in
-// order cannot: every outcome left unknown returns at the history's end, and each return
-// after it in ops would pass it, O(n) per unknown outcome. So the calls and the returns are
-// each ordered by a radix sort, linear whatever the order (and one pass when already in
-// order, as the calls usually are), and then merged.
+// merges are O(n log² n)); the calls and the returns are each put in order by timeOrder, in
+// linear time, and then merged.
 func stampOrder(ops []modelOp) (stamps []stamp, byCall []int) {
 	n := len(ops)
 	times := make([]int64, n)
 	for i, op := range ops {
 		times[i] = op.call
 	}
-	byCall = radixOrder(times)
+	byCall = timeOrder(times)
 	for i, op := range ops {
 		times[i] = op.ret
 	}
-	byRet := radixOrder(times)
+	byRet := timeOrder(times)
 	stamps = make([]stamp, 0, 2*n)
 	c, r := 0, 0
 	for c < n || r < n {
@@ -702,38 +699,81 @@ func stampOrder(ops []modelOp) (stamps []stamp, byCall []int) {
 	return stamps, byCall
 }
 
-// radixBits is the width of a digit of radixOrder: 2048 counters, which stay in the cache.
-const radixBits = 11
-
-// radixOrder returns the indices of ts ordered by ts, equal times in the order of their
-// indices: a least significant digit first radix sort of the times less the least of them,
-// stable, in time linear in len(ts) (a pass per 11 bits of the times' range, ts skipped where
-// all share a digit). Times already in order take one pass.
-func radixOrder(ts []int64) []int {
+// timeOrder returns the indices of ts ordered by ts, equal times in the order of their
+// indices, in time linear in len(ts). The checker's calls come in order (one pass), and its
+// returns nearly so, each out of place by about the number of operations open at once, but
+// for those left unknown, which all return at the history's end: they go last, and the others
+// are put in order by an insertion sort, O(n + inversions), which gives way to a radix sort
+// when the inversions are more than a few per time.
+func timeOrder(ts []int64) []int {
 	n := len(ts)
-	idx := make([]int, n)
-	for i := range idx {
-		idx[i] = i
+	idx := make([]int, 0, n)
+	sorted, hi := true, int64(math.MinInt64)
+	for i, t := range ts {
+		sorted = sorted && (i == 0 || t >= ts[i-1])
+		hi = max(hi, t)
 	}
-	if n == 0 {
-		return idx
-	}
-	lo, hi, sorted := ts[0], ts[0], true
-	for i := 1; i < n; i++ {
-		t := ts[i]
-		sorted = sorted && t >= ts[i-1]
-		lo, hi = min(lo, t), max(hi, t)
+	for i, t := range ts {
+		if sorted || t < hi {
+			idx = append(idx, i)
+		}
 	}
 	if sorted {
 		return idx
+	}
+	rest := idx
+	for i, t := range ts {
+		if t == hi {
+			idx = append(idx, i)
+		}
+	}
+	if !insertionOrder(rest, ts, 4*len(rest)) {
+		radixOrder(rest, ts)
+	}
+	return idx
+}
+
+// insertionOrder sorts idx by ts[idx[k]] by insertion, stably, unless it takes more than
+// moves moves: it then stops after an insertion, with idx still ordered as far as it went
+// (equal times in their first order throughout), and returns false.
+func insertionOrder(idx []int, ts []int64, moves int) bool {
+	for k := 1; k < len(idx); k++ {
+		x := idx[k]
+		t := ts[x]
+		j := k
+		for ; j > 0 && ts[idx[j-1]] > t; j-- {
+			idx[j] = idx[j-1]
+		}
+		idx[j] = x
+		if moves -= k - j; moves < 0 {
+			return false
+		}
+	}
+	return true
+}
+
+// radixBits is the width of a digit of radixOrder: 2048 counters, which stay in the cache.
+const radixBits = 11
+
+// radixOrder sorts idx by ts[idx[k]], equal times in their order in idx: a least significant
+// digit first radix sort of the times less the least of them, stable, in time linear in
+// len(idx) (a pass per 11 bits of the times' range, skipped where all share a digit).
+func radixOrder(idx []int, ts []int64) {
+	n := len(idx)
+	if n == 0 {
+		return
+	}
+	lo, hi := ts[idx[0]], ts[idx[0]]
+	for _, i := range idx {
+		lo, hi = min(lo, ts[i]), max(hi, ts[i])
 	}
 	type item struct {
 		key uint64
 		i   int
 	}
 	a, b := make([]item, n), make([]item, n)
-	for i, t := range ts {
-		a[i] = item{uint64(t - lo), i} // exact: where int64's difference wraps, uint64's is the same bits
+	for k, i := range idx {
+		a[k] = item{uint64(ts[i] - lo), i} // exact: where int64's difference wraps, uint64's is the same bits
 	}
 	span := uint64(hi - lo)
 	var count [1 << radixBits]int
@@ -760,5 +800,4 @@ func radixOrder(ts []int64) []int {
 	for k, it := range a {
 		idx[k] = it.i
 	}
-	return idx
 }
