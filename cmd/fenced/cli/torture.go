@@ -476,6 +476,10 @@ func (a *app) torture(cmd *cobra.Command, o tortureOptions) error {
 		}
 		init[r] = torture.State{Epoch: st.CurrentEpoch, Generation: st.Generation, Owner: st.Owner, PublishedGeneration: st.PublishedGeneration, Payload: string(payload)}
 	}
+	// Beside the histories, so that the report directory can be checked again later.
+	if err := torture.WriteInitial(dir, init); err != nil {
+		return err
+	}
 
 	plan := torture.Plan(o.seed, o.duration, o.workers, faults)
 	if o.restoreWithoutBump {

@@ -95,7 +95,14 @@ func TestTortureEveryBackend(t *testing.T) {
 					"--workers", "24", "--resources", "24", "--report", t.TempDir()}, append(extra, args...)...)
 				return tortureCmd(t, url, args...)
 			}
-			code, out := run(d)
+			// FENCED_TORTURE_KEEP=DIR keeps the fenced run's report directory (its histories
+			// and initial states: TestRecheckKept checks it again) as DIR/<backend>; a later
+			// --report replaces the temporary one.
+			var keep []string
+			if k := os.Getenv("FENCED_TORTURE_KEEP"); k != "" {
+				keep = []string{"--report", filepath.Join(k, b.name)}
+			}
+			code, out := run(d, keep...)
 			line := fmt.Sprintf("%-8s fenced: %s", b.name, summary(out, code))
 			partitioned := slices.Contains(extra, "--partition-dev")
 			if code != 0 {

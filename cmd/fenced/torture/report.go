@@ -1,9 +1,12 @@
 package torture
 
 import (
+	"encoding/json"
+	"errors"
 	"fmt"
 	"html"
 	"io"
+	"io/fs"
 	"os"
 	"path/filepath"
 	"sort"
@@ -245,6 +248,39 @@ func (r *Report) WriteHTML(dir string) (string, error) {
 		return "", fmt.Errorf("write report: %w", err)
 	}
 	return path, nil
+}
+
+// initialFile holds, in a report directory, each resource's state before the workers started:
+// what Check needs beside the history to check it again later (ReadInitial).
+const initialFile = "initial.json"
+
+// WriteInitial writes init, each resource's state before the run, to dir.
+func WriteInitial(dir string, init map[string]State) error {
+	b, err := json.MarshalIndent(init, "", "  ")
+	if err != nil {
+		return fmt.Errorf("write initial states: %w", err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, initialFile), append(b, '\n'), 0o644); err != nil {
+		return fmt.Errorf("write initial states: %w", err)
+	}
+	return nil
+}
+
+// ReadInitial reads the states WriteInitial wrote to dir; none (the zero state for every
+// resource) when a run older than the file wrote the directory.
+func ReadInitial(dir string) (map[string]State, error) {
+	b, err := os.ReadFile(filepath.Join(dir, initialFile))
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("read initial states: %w", err)
+	}
+	var init map[string]State
+	if err := json.Unmarshal(b, &init); err != nil {
+		return nil, fmt.Errorf("read initial states: %w", err)
+	}
+	return init, nil
 }
 
 const css = `body{font:14px/1.4 system-ui,sans-serif;margin:1.5em;color:#222}

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"os"
+	"path/filepath"
 	"runtime"
 	"strconv"
 	"syscall"
@@ -267,4 +268,46 @@ func cpuTime() time.Duration {
 		return 0
 	}
 	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+}
+
+// TestRecheckKept checks again a report directory a torture run left (make torture's with
+// FENCED_TORTURE_KEEP, or any run's --report): FENCED_TORTURE_RECHECK names it. It prints the
+// verdict and the check's time, the least of FENCED_TORTURE_RECHECK_REPEAT runs (default 1),
+// so that the checker can be measured and profiled on a real history (-cpuprofile) without
+// running the workers again.
+func TestRecheckKept(t *testing.T) {
+	dir := os.Getenv("FENCED_TORTURE_RECHECK")
+	if dir == "" {
+		t.Skip("set FENCED_TORTURE_RECHECK=DIR, a torture run's report directory")
+	}
+	repeat, _ := strconv.Atoi(os.Getenv("FENCED_TORTURE_RECHECK_REPEAT"))
+	h, err := Load(filepath.Join(dir, "history"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	init, err := ReadInitial(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var (
+		r      *Result
+		d, cpu time.Duration
+	)
+	for i := range max(repeat, 1) {
+		runtime.GC()
+		cpu0 := cpuTime()
+		start := time.Now()
+		r = Check(h, init, 0)
+		if c := cpuTime() - cpu0; i == 0 || c < cpu {
+			d, cpu = time.Since(start), c
+		}
+	}
+	fmt.Printf("recheck: %d operations (%d unknown), %d resources: %s wall, %s CPU, %d search steps, %d violations, inconclusive %v\n",
+		r.Ops, r.Unknown, len(h.Resources()), d.Round(time.Millisecond), cpu.Round(time.Millisecond),
+		r.SearchSteps, len(r.Violations), r.Inconclusive)
+	for _, ir := range r.Invariants {
+		if ir.Violations > 0 || ir.Note != "" {
+			fmt.Printf("  %s: %d checked, %d violations %s\n", ir.Name, ir.Checked, ir.Violations, ir.Note)
+		}
+	}
 }
