@@ -19,6 +19,12 @@ import (
 // in lossEvery (none when 0) left without a reply (its effect applied or not, at random); an
 // epoch bump halfway. It is the input of the checker's scaling measurement.
 func synthetic(n, procs, resources, lossEvery int, seed uint64) []Record {
+	return simulate(n, procs, resources, lossEvery, seed, false)
+}
+
+// simulate is synthetic, and with restore a copy of every row taken a quarter of the way and
+// restored just before the bump halfway: the generations go back to the copy's.
+func simulate(n, procs, resources, lossEvery int, seed uint64, restore bool) []Record {
 	rng := rand.New(rand.NewPCG(seed, 1))
 	type row struct {
 		gen, until, pub int64
@@ -42,10 +48,31 @@ func synthetic(n, procs, resources, lossEvery int, seed uint64) []Record {
 	owners := 0
 	recs := make([]Record, 0, 2*n)
 	var nemID int64
+	copies := map[string]row{}
 	for i := range n {
-		if i == n/2 { // an epoch bump, between two operations' effects, on every resource
+		at := int64(i)*100_000 - 50_000 // between two operations' effects
+		if restore && i == n/4 {
+			for _, res := range names {
+				nemID++
+				w := rows[res]
+				copies[res] = *w
+				recs = append(recs, Record{Kind: KindCall, Proc: "nemesis", ID: nemID, Time: at - 5_000, Op: OpSnapshot, Resource: res},
+					Record{Kind: KindReturn, Proc: "nemesis", ID: nemID, Time: at + 5_000, Out: OutOK, StoreEpoch: epoch,
+						Gen: w.gen, ReadOwner: w.owner, ReadPub: w.pub, Payload: w.payload})
+			}
+		}
+		if restore && i == n/2 {
+			for _, res := range names {
+				nemID++
+				c := copies[res]
+				*rows[res] = c
+				recs = append(recs, Record{Kind: KindCall, Proc: "nemesis", ID: nemID, Time: at - 20_000, Op: OpRestore, Resource: res,
+					StoreEpoch: epoch, Gen: c.gen, Owner: c.owner, ReadPub: c.pub, Payload: c.payload},
+					Record{Kind: KindReturn, Proc: "nemesis", ID: nemID, Time: at - 10_000, Out: OutOK})
+			}
+		}
+		if i == n/2 { // an epoch bump, on every resource
 			epoch += 1_000_000
-			at := int64(i)*100_000 - 50_000
 			for _, res := range names {
 				nemID++
 				rows[res].owner = ""
@@ -309,5 +336,34 @@ func TestRecheckKept(t *testing.T) {
 		if ir.Violations > 0 || ir.Note != "" {
 			fmt.Printf("  %s: %d checked, %d violations %s\n", ir.Name, ir.Checked, ir.Violations, ir.Note)
 		}
+	}
+	if os.Getenv("FENCED_TORTURE_RECHECK_RESOURCES") == "" {
+		return
+	}
+	// Each resource's model search alone, as Check runs it (the engine's own bumps added),
+	// for where the search's time goes.
+	byRes := make([][]*Op, len(h.Resources()))
+	for _, op := range h.Ops {
+		if !op.Gate() {
+			byRes[op.ResN] = append(byRes[op.ResN], op)
+		}
+	}
+	bumps := selfBumps(h)
+	local := newOwnerMap[struct{}, int32](len(h.Owners))
+	for n, res := range h.Resources() {
+		mops, _ := modelOps(withSelfBumps(byRes[n], bumps, res), local)
+		restores, unknown := 0, 0
+		for _, m := range mops {
+			if m.in.Kind == OpRestore {
+				restores++
+			}
+			if m.out.Out == OutUnknown {
+				unknown++
+			}
+		}
+		start := time.Now()
+		sr := searchModel(mops, []state{init[res].model()}, start.Add(time.Minute), 0)
+		fmt.Printf("  %s: %d searched (%d unknown, %d restores): %s, verdict %d, %d steps, memo %d, pruned %d\n",
+			res, len(mops), unknown, restores, time.Since(start).Round(time.Millisecond), sr.verdict, sr.steps, sr.memo, sr.pruned)
 	}
 }

@@ -412,26 +412,32 @@ func searchOrders(ops []modelOp, init []state, deadline time.Time, maxSteps int,
 		}
 	}
 	// The generation bound. Generations only grow, but for a restore's: an acquisition takes
-	// the next one, and nothing else changes it (after). So where no restore is searched, an
-	// operation that needs the resource at a generation (need: an acquisition granted the one
-	// after it; an accepted publication, renewal or release its lease's; a read or a copy the
-	// one it returned) can no longer be ordered once the state is past it, and neither can the
-	// history be completed while that operation is left to order. The second pass therefore
-	// passes over a deferrable operation that would take the state past the least need of the
-	// operations left to order (bound). Without it, the search ordered, at a stuck return, one
-	// unknown acquisition after another (twins, each taking the next generation) before it
-	// backtracked, and again at every level it backtracked through: those left not taking
-	// effect accumulate along the history, so the backtracking per operation grew with the
-	// history's length (840 backtracks at 100 000 operations, 28 834 at a million; with the
-	// bound, 42 and 213; issue 13).
+	// the next one, and nothing else changes it (after). So an operation that needs the
+	// resource at a generation (need: an acquisition granted the one after it; an accepted
+	// publication, renewal or release its lease's; a read or a copy the one it returned) can no
+	// longer be ordered once the state is past it, unless a restore ordered before it takes
+	// the generation back; and neither can the history be completed while that operation is
+	// left to order. The second pass therefore passes over a deferrable operation that would
+	// take the state past the least need of the operations left to order that return before
+	// any restore left to order is called (bound): such a restore cannot come before them.
+	// Without it, the search ordered, at a stuck return, one unknown acquisition after another
+	// (twins, each taking the next generation) before it backtracked, and again at every level
+	// it backtracked through: those left not taking effect accumulate along the history, so
+	// the backtracking per operation grew with the history's length (840 backtracks at 100 000
+	// operations, 28 834 at a million; with the bound, 42 and 213; issue 13). Until the bound
+	// took restores into account, a resource with one had no bound at all, and Redis's torture
+	// histories, which all have restores, took 60-200 steps per operation (docs/TORTURE.md).
 	const noNeed = math.MaxInt64
 	need := make([]int64, n)
-	monotone := bounded
+	var restores []int // the restores that may take effect, in call order
+	for _, i := range byCall {
+		if op := ops[i]; op.in.Kind == OpRestore && op.out.Out != OutFailed {
+			restores = append(restores, i)
+		}
+	}
 	for i, op := range ops {
 		need[i] = noNeed
 		switch {
-		case op.in.Kind == OpRestore:
-			monotone = false
 		case op.out.Out != OutOK:
 		case op.in.Kind == OpAcquire:
 			need[i] = op.out.Gen - 1
@@ -445,7 +451,8 @@ func searchOrders(ops []modelOp, init []state, deadline time.Time, maxSteps int,
 	// the search orders is called before the return the second pass stops at, which only moves
 	// later as operations are ordered: so the operations called after it are all left to order,
 	// those called before it are left if their calls are still in the main list, and boundAt
-	// is the least need of every operation left to order.
+	// is the least need of every operation left to order that returns before the first restore
+	// left to order (restores[k], the first in call order not ordered) is called.
 	later := make([]int64, 2*n+1)
 	for e, b := 2*n, int64(noNeed); e >= 0; e-- {
 		later[e] = b
@@ -453,15 +460,51 @@ func searchOrders(ops []modelOp, init []state, deadline time.Time, maxSteps int,
 			b = min(b, need[ev[e].op])
 		}
 	}
+	// With restores[k] left to order (and every restore called before it ordered), the
+	// operations that count are called before it: the stuck return lies between the calls of
+	// restores[k-1] and restores[k], and beyond the latter nothing counts. laterBefore[k] is
+	// later for that stretch, counting only the operations that return before restores[k]'s
+	// call; made when first needed. Together they hold at most one entry per event.
+	laterBefore := make([][]int64, len(restores))
+	ordered := make([]bool, n)
 	boundAt := func(limit int) int64 {
-		b := later[limit]
+		k := 0
+		for k < len(restores) && ordered[restores[k]] {
+			k++
+		}
+		if k == len(restores) {
+			b := later[limit]
+			for x := ev[0].next; x != limit; x = ev[x].next {
+				b = min(b, need[ev[x].op])
+			}
+			return b
+		}
+		lo, hi, t := 0, callOf[restores[k]], ops[restores[k]].call
+		if k > 0 {
+			lo = callOf[restores[k-1]]
+		}
+		if limit < lo || limit >= hi {
+			return noNeed // nothing left to order both needs a generation and returns before t
+		}
+		if laterBefore[k] == nil {
+			lb := make([]int64, hi-lo+1)
+			for e, b := hi, int64(noNeed); e >= lo; e-- {
+				lb[e-lo] = b
+				if e > 0 && !ev[e].ret && ops[ev[e].op].ret < t {
+					b = min(b, need[ev[e].op])
+				}
+			}
+			laterBefore[k] = lb
+		}
+		b := laterBefore[k][limit-lo]
 		for x := ev[0].next; x != limit; x = ev[x].next {
-			b = min(b, need[ev[x].op])
+			if ops[ev[x].op].ret < t {
+				b = min(b, need[ev[x].op])
+			}
 		}
 		return b
 	}
 	bound := int64(noNeed)
-	ordered := make([]bool, n)
 	order := func(op int, delta int32) {
 		for _, id := range mentions[op] {
 			if id >= 0 {
@@ -578,7 +621,7 @@ func searchOrders(ops []modelOp, init []state, deadline time.Time, maxSteps int,
 			if e.ret {
 				// A return whose call is still in the list: try the deferrable operations.
 				cur, from, late, limit = ev[skipAfter[cur]].next, 0, true, cur
-				if monotone {
+				if bounded {
 					bound = boundAt(limit)
 				}
 				continue
@@ -604,7 +647,7 @@ func searchOrders(ops []modelOp, init []state, deadline time.Time, maxSteps int,
 				if deferrable[e.op] && next == st {
 					continue // not taking effect: ordered last
 				}
-				if deferrable[e.op] && monotone && next.Gen > bound {
+				if deferrable[e.op] && bounded && next.Gen > bound {
 					res.pruned++
 					continue // an operation called before the stuck return needs a generation passed
 				}
