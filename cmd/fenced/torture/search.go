@@ -426,7 +426,7 @@ func searchOrders(ops []modelOp, init []state, deadline time.Time, maxSteps int,
 	// the backtracking per operation grew with the history's length (840 backtracks at 100 000
 	// operations, 28 834 at a million; with the bound, 42 and 213; issue 13). Until the bound
 	// took restores into account, a resource with one had no bound at all, and Redis's torture
-	// histories, which all have restores, took 60-200 steps per operation (docs/TORTURE.md).
+	// histories, which all have restores, took 43-213 steps per operation (docs/TORTURE.md).
 	const noNeed = math.MaxInt64
 	need := make([]int64, n)
 	var restores []int // the restores that may take effect, in call order
