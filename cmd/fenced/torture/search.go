@@ -464,7 +464,7 @@ func searchOrders(ops []modelOp, init []state, deadline time.Time, maxSteps int,
 	// operations that count are called before it: the stuck return lies between the calls of
 	// restores[k-1] and restores[k], and beyond the latter nothing counts. laterBefore[k] is
 	// later for that stretch, counting only the operations that return before restores[k]'s
-	// call; made when first needed. Together they hold at most one entry per event.
+	// call; made when first needed. Together they hold about one entry per event.
 	laterBefore := make([][]int64, len(restores))
 	ordered := make([]bool, n)
 	boundAt := func(limit int) int64 {
