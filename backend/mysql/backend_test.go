@@ -272,8 +272,8 @@ func TestPublishWaitsOnRowLockWhileLeaseExpires(t *testing.T) {
 			t.Fatalf("A's publication finished while the row was locked: %v", err)
 		case <-tick.C:
 		}
-		err := admin.DB().QueryRowContext(testCtx(t), `SELECT COUNT(*) > 0 FROM information_schema.INNODB_TRX
-WHERE trx_mysql_thread_id = ? AND trx_state = 'LOCK WAIT'`, idA).Scan(&waiting)
+		err := mysql.QueryInnoDBTrx(testCtx(t), admin.DB(), `SELECT COUNT(*) > 0 FROM information_schema.INNODB_TRX
+WHERE trx_mysql_thread_id = ? AND trx_state = 'LOCK WAIT'`, []any{idA}, &waiting)
 		if err != nil {
 			t.Fatal(err)
 		}

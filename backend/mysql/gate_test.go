@@ -135,8 +135,8 @@ func innodbWaiting(t *testing.T) func(ctx context.Context, db *sql.DB, tx2 *sql.
 		}
 		return func() bool {
 			var waiting bool
-			err := db.QueryRowContext(ctx, `SELECT COUNT(*) > 0 FROM information_schema.INNODB_TRX
-				WHERE trx_mysql_thread_id = ? AND trx_state = 'LOCK WAIT'`, id).Scan(&waiting)
+			err := QueryInnoDBTrx(ctx, db, `SELECT COUNT(*) > 0 FROM information_schema.INNODB_TRX
+				WHERE trx_mysql_thread_id = ? AND trx_state = 'LOCK WAIT'`, []any{id}, &waiting)
 			return err == nil && waiting
 		}
 	}

@@ -57,9 +57,9 @@ func waitBlockedBy(t *testing.T, db *sql.DB, tx *sql.Tx, done <-chan struct{}) {
 		case <-tick.C:
 		}
 		var n int
-		if err := db.QueryRowContext(ctxFor(t), `SELECT COUNT(*) FROM information_schema.INNODB_LOCK_WAITS w
+		if err := QueryInnoDBTrx(ctxFor(t), db, `SELECT COUNT(*) FROM information_schema.INNODB_LOCK_WAITS w
 JOIN information_schema.INNODB_TRX b ON b.trx_id = w.blocking_trx_id
-WHERE b.trx_mysql_thread_id = ?`, id).Scan(&n); err != nil {
+WHERE b.trx_mysql_thread_id = ?`, []any{id}, &n); err != nil {
 			t.Fatal(err)
 		}
 		if n > 0 {

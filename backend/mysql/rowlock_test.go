@@ -46,12 +46,12 @@ WHERE resource = ?`
 			// Transactions waiting for the holder's, directly or behind another waiter.
 			Waiting: func(ctx context.Context) (int, error) {
 				var n int
-				err := db.QueryRowContext(ctx, `WITH RECURSIVE w (trx_id) AS (
+				err := mysql.QueryInnoDBTrx(ctx, db, `WITH RECURSIVE w (trx_id) AS (
     SELECT trx_id FROM information_schema.INNODB_TRX WHERE trx_mysql_thread_id = ?
     UNION
     SELECT l.requesting_trx_id FROM information_schema.INNODB_LOCK_WAITS l JOIN w ON l.blocking_trx_id = w.trx_id
 )
-SELECT COUNT(*) - 1 FROM w`, id).Scan(&n)
+SELECT COUNT(*) - 1 FROM w`, []any{id}, &n)
 				return n, err
 			},
 			Release: func(ctx context.Context) error {
