@@ -39,9 +39,8 @@ func netCtx(ctx context.Context) (context.Context, context.CancelFunc) {
 
 // partition is the partition fault: the interface to the server's namespace is set down for
 // f.For, then up again, also when the run is interrupted meanwhile, during the down call
-// included. Requests in flight stall
-// (TCP retransmits) or fail; the server's clock runs on, so leases expire while their holders
-// cannot reach it.
+// included. Requests in flight stall (TCP retransmits) or fail; the server's clock runs on, so
+// leases expire while their holders cannot reach it.
 //
 // On etcd the link is the one between the clients' member and its peers: the member is made
 // the leader before the first cut, a follower before the second, and so on (etcdRole), and it
@@ -124,8 +123,9 @@ var droppedRe = regexp.MustCompile(`counter packets (\d+)`)
 
 // loss is the loss fault: f.LossPct % of the frames through --partition-dev are dropped at
 // random, each way, for f.For, then the rule is removed, also when the run is interrupted
-// meanwhile, during the call that adds the rule included. TCP retransmits what is lost (from 200 ms, doubling), so requests arrive late or
-// their connections give up; the detail counts the frames dropped.
+// meanwhile, during the call that adds the rule included. TCP retransmits what is lost (from
+// 200 ms, doubling), so requests arrive late or their connections give up; the detail counts
+// the frames dropped.
 func (t *tortureRun) loss(ctx context.Context, f torture.Fault) {
 	table, dev := lossTable(), t.o.partitionDev
 	if ctx.Err() != nil {
