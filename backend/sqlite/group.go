@@ -4,6 +4,7 @@ import (
 	"context"
 	"database/sql"
 	sqldriver "database/sql/driver"
+	"errors"
 	"fmt"
 	"strings"
 	"sync"
@@ -45,8 +46,9 @@ import (
 // writer's latency is one commit as before. Durability does not change: the commit is the same
 // fsync'd commit.
 //
-// Within a group, each statement text is prepared once and run as often as the group needs it:
-// sixteen acquisitions parse one UPDATE, not sixteen.
+// The writer keeps its connection from one group to the next, and each statement text is
+// prepared on it once and run as often as any later group needs it (writeConn): sixteen
+// acquisitions parse one UPDATE, and the next group parses none.
 
 // writeOp is one operation waiting for the writer.
 type writeOp struct {
@@ -340,24 +342,22 @@ func (d *Driver) commitGroup(group []*writeOp, savepoints, noRedo, noRollbackTo 
 			finish(op, err)
 		}
 	}
-	conn, err := d.db.Conn(ctx)
-	if err != nil {
+	q := &d.wc
+	if err := q.lock(ctx, d.db); err != nil {
 		fail(driver.NotApplied(err))
 		return nil
 	}
-	defer conn.Close()
-	if _, err := conn.ExecContext(ctx, "BEGIN IMMEDIATE"); err != nil {
+	defer q.unlock()
+	if _, err := q.ExecContext(ctx, "BEGIN IMMEDIATE"); err != nil {
 		fail(driver.NotApplied(err)) // no transaction, nothing written
 		return nil
 	}
-	q := newStmtCache(conn, len(live) > 1)
-	defer q.close()
 	// An operation alone needs no savepoint: its transaction is its savepoint.
 	savepoints = savepoints && len(live) > 1
 	for i, op := range live {
 		if savepoints {
 			if _, err := q.ExecContext(ctx, "SAVEPOINT fenced_op"); err != nil {
-				d.abort(ctx, conn, live, err)
+				d.abort(ctx, live, err)
 				return nil
 			}
 		}
@@ -365,10 +365,10 @@ func (d *Driver) commitGroup(group []*writeOp, savepoints, noRedo, noRollbackTo 
 			switch {
 			case len(live) == 1:
 				op.err = err
-				d.abort(ctx, conn, live, err)
+				d.abort(ctx, live, err)
 				return nil
 			case !savepoints && !noRedo:
-				return d.redo(ctx, conn, live, i, err)
+				return d.redo(ctx, live, i, err)
 			case !savepoints || noRollbackTo:
 				op.err = driver.NotApplied(err) // the mutations: whatever op wrote stays
 				continue
@@ -376,7 +376,7 @@ func (d *Driver) commitGroup(group []*writeOp, savepoints, noRedo, noRollbackTo 
 			if _, rerr := q.ExecContext(ctx, "ROLLBACK TO fenced_op"); rerr != nil {
 				// SQLite rolled back the transaction: nothing of the group is left.
 				op.err = err
-				d.abort(ctx, conn, live, err)
+				d.abort(ctx, live, err)
 				return nil
 			}
 			op.err = driver.NotApplied(err) // undone to its savepoint; the group goes on
@@ -385,17 +385,16 @@ func (d *Driver) commitGroup(group []*writeOp, savepoints, noRedo, noRollbackTo 
 			continue
 		}
 		if _, err := q.ExecContext(ctx, "RELEASE fenced_op"); err != nil {
-			d.abort(ctx, conn, live, err)
+			d.abort(ctx, live, err)
 			return nil
 		}
 	}
-	q.close() // finalized before COMMIT, which does not wait for statements still open
-	_, err = conn.ExecContext(ctx, "COMMIT")
+	_, err := q.ExecContext(ctx, "COMMIT")
 	if err != nil {
 		err = classify(err)
 		// The transaction may still be open after a failed COMMIT: end it (or discard the
-		// connection) so that nothing of it reaches the pool.
-		d.rollback(ctx, conn)
+		// connection) so that nothing of it reaches the next group.
+		d.rollback(ctx)
 	}
 	d.w.hookCommitted(len(live), err)
 	d.w.mu.Lock()
@@ -413,8 +412,8 @@ func (d *Driver) commitGroup(group []*writeOp, savepoints, noRedo, noRollbackTo 
 // redo ends a group without savepoints whose operation live[failed] failed: it rolls the
 // transaction back, reports that operation as not applied, and returns the others to run again.
 // Should the rollback not be certain, every operation's outcome is unknown and none runs again.
-func (d *Driver) redo(ctx context.Context, conn *sql.Conn, live []*writeOp, failed int, err error) []*writeOp {
-	if !d.rollback(ctx, conn) {
+func (d *Driver) redo(ctx context.Context, live []*writeOp, failed int, err error) []*writeOp {
+	if !d.rollback(ctx) {
 		live[failed].err = err
 		d.w.hookCommitted(-len(live), err)
 		for _, op := range live {
@@ -430,24 +429,90 @@ func (d *Driver) redo(ctx context.Context, conn *sql.Conn, live []*writeOp, fail
 	return append(live[:failed:failed], live[failed+1:]...)
 }
 
-// stmtCache runs a group's statements on its connection, each text prepared once for the group
-// when cache is set (a group of one runs each statement once: preparing would only add a call).
-type stmtCache struct {
-	conn  *sql.Conn
-	cache bool
-	stmts map[string]*sql.Stmt
+// writeConn is the writer's connection, kept from one group to the next, with every statement
+// text the writer ran prepared on it once: parsing a statement cost SQLite about as much as
+// running it (a third of a lone caller's acquire-publish-release cycle, a fifth of the writer's
+// time with sixteen callers: docs/BENCHMARKS.md), and a connection of the pool could not keep
+// them. Only the writer uses it, one group at a time (mu, which Close also takes). A prepared
+// statement is reset once run (modernc.org/sqlite resets it after Exec and when its rows are
+// closed, and queryOne always closes them), so none is left running at COMMIT.
+type writeConn struct {
+	mu     sync.Mutex
+	conn   *sql.Conn
+	stmts  map[string]*sql.Stmt
+	closed bool
+	// prepared counts the statements ever prepared: the test that shows statements outliving
+	// their group reads it.
+	prepared int
 }
 
-func newStmtCache(conn *sql.Conn, cache bool) *stmtCache {
-	return &stmtCache{conn: conn, cache: cache}
-}
+// maxStmts bounds the statements kept prepared. The driver runs a few dozen texts; one past the
+// bound runs unprepared.
+const maxStmts = 64
 
-func (c *stmtCache) stmt(ctx context.Context, query string) *sql.Stmt {
-	if !c.cache {
+// errDriverClosed is the writer's answer after Close.
+var errDriverClosed = errors.New("the SQLite driver is closed")
+
+// lock takes the connection for a group, opening one from the pool if none is kept. On error
+// the lock is not held.
+func (c *writeConn) lock(ctx context.Context, db *sql.DB) error {
+	c.mu.Lock()
+	if c.closed {
+		c.mu.Unlock()
+		return errDriverClosed
+	}
+	if c.conn != nil {
 		return nil
 	}
+	conn, err := db.Conn(ctx)
+	if err != nil {
+		c.mu.Unlock()
+		return err
+	}
+	c.conn = conn
+	return nil
+}
+
+func (c *writeConn) unlock() { c.mu.Unlock() }
+
+// drop finalizes the statements and gives the connection back to the pool, which closes it if
+// it was marked bad. Called with mu held.
+func (c *writeConn) drop() {
+	for _, st := range c.stmts {
+		_ = st.Close()
+	}
+	c.stmts = nil
+	if c.conn != nil {
+		_ = c.conn.Close()
+		c.conn = nil
+	}
+}
+
+// discard drops the connection and makes the pool close it, not reuse it: its transaction may
+// still be open. Called with mu held.
+func (c *writeConn) discard() {
+	for _, st := range c.stmts {
+		_ = st.Close()
+	}
+	c.stmts = nil
+	_ = c.conn.Raw(func(any) error { return sqldriver.ErrBadConn }) // closes c.conn
+	c.conn = nil
+}
+
+// close ends the writer's use of the connection for good (Driver.Close).
+func (c *writeConn) close() {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.drop()
+	c.closed = true
+}
+
+func (c *writeConn) stmt(ctx context.Context, query string) *sql.Stmt {
 	if st, ok := c.stmts[query]; ok {
 		return st
+	}
+	if len(c.stmts) >= maxStmts {
+		return nil
 	}
 	st, err := c.conn.PrepareContext(ctx, query)
 	if err != nil {
@@ -457,43 +522,36 @@ func (c *stmtCache) stmt(ctx context.Context, query string) *sql.Stmt {
 		c.stmts = make(map[string]*sql.Stmt)
 	}
 	c.stmts[query] = st
+	c.prepared++
 	return st
 }
 
-func (c *stmtCache) ExecContext(ctx context.Context, query string, args ...any) (sql.Result, error) {
+func (c *writeConn) ExecContext(ctx context.Context, query string, args ...any) (sql.Result, error) {
 	if st := c.stmt(ctx, query); st != nil {
 		return st.ExecContext(ctx, args...)
 	}
 	return c.conn.ExecContext(ctx, query, args...)
 }
 
-func (c *stmtCache) QueryContext(ctx context.Context, query string, args ...any) (*sql.Rows, error) {
+func (c *writeConn) QueryContext(ctx context.Context, query string, args ...any) (*sql.Rows, error) {
 	if st := c.stmt(ctx, query); st != nil {
 		return st.QueryContext(ctx, args...)
 	}
 	return c.conn.QueryContext(ctx, query, args...)
 }
 
-func (c *stmtCache) QueryRowContext(ctx context.Context, query string, args ...any) *sql.Row {
+func (c *writeConn) QueryRowContext(ctx context.Context, query string, args ...any) *sql.Row {
 	if st := c.stmt(ctx, query); st != nil {
 		return st.QueryRowContext(ctx, args...)
 	}
 	return c.conn.QueryRowContext(ctx, query, args...)
 }
 
-// close finalizes the prepared statements; it may be called more than once.
-func (c *stmtCache) close() {
-	for _, st := range c.stmts {
-		_ = st.Close()
-	}
-	c.stmts = nil
-}
-
 // abort ends a group that cannot be committed: ROLLBACK, and every operation fails with its own
 // error or cause, as not applied since nothing was committed. Should even ROLLBACK fail, the
 // connection is discarded (closing it rolls back) and the outcome is reported unknown.
-func (d *Driver) abort(ctx context.Context, conn *sql.Conn, group []*writeOp, cause error) {
-	certain := d.rollback(ctx, conn)
+func (d *Driver) abort(ctx context.Context, group []*writeOp, cause error) {
+	certain := d.rollback(ctx)
 	d.w.hookCommitted(-len(group), cause)
 	for _, op := range group {
 		err := op.err
@@ -507,13 +565,14 @@ func (d *Driver) abort(ctx context.Context, conn *sql.Conn, group []*writeOp, ca
 	}
 }
 
-// rollback ends the connection's transaction and reports whether it certainly is ended.
-// "no transaction is active" counts: SQLite rolled back by itself.
-func (d *Driver) rollback(ctx context.Context, conn *sql.Conn) bool {
-	if _, err := conn.ExecContext(ctx, "ROLLBACK"); err == nil || isNoTransaction(err) {
+// rollback ends the writer connection's transaction and reports whether it certainly is ended.
+// "no transaction is active" counts: SQLite rolled back by itself. Otherwise the connection is
+// discarded (closing it rolls back). Called with d.wc held.
+func (d *Driver) rollback(ctx context.Context) bool {
+	if _, err := d.wc.ExecContext(ctx, "ROLLBACK"); err == nil || isNoTransaction(err) {
 		return true
 	}
-	_ = conn.Raw(func(any) error { return sqldriver.ErrBadConn }) // closed, not reused
+	d.wc.discard()
 	return false
 }
 

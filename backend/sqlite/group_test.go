@@ -450,3 +450,43 @@ func TestGatherGrantedOnly(t *testing.T) {
 		})
 	}
 }
+
+// TestWriterKeepsItsStatements: the writer's statements outlive their group. A cycle on one
+// resource prepares its statements; the same cycles on another resource and on the first again,
+// each in groups of their own, prepare none. After Close the writer refuses, as not applied.
+func TestWriterKeepsItsStatements(t *testing.T) {
+	ctx := context.Background()
+	d := groupDriver(t, "kept ü", "kept two ö")
+	cycle := func(resource string) {
+		t.Helper()
+		g, err := d.Acquire(ctx, resource, "owner", time.Minute)
+		if err != nil {
+			t.Fatal(err)
+		}
+		l := driver.LeaseRef{Resource: resource, Owner: "owner", Epoch: g.Epoch, Generation: g.Generation}
+		if ok, err := d.PublishAndRelease(ctx, l, driver.Publication{Payload: []byte("p\x00q"), OpID: fmt.Sprintf("op %s %d", resource, g.Generation)}); err != nil || !ok {
+			t.Fatalf("publish and release: %v, %v", ok, err)
+		}
+	}
+	prepared := func() int {
+		d.wc.mu.Lock()
+		defer d.wc.mu.Unlock()
+		return d.wc.prepared
+	}
+	cycle("kept ü")
+	first := prepared()
+	if first == 0 {
+		t.Fatal("the writer prepared no statement")
+	}
+	cycle("kept two ö")
+	cycle("kept ü")
+	if n := prepared(); n != first {
+		t.Fatalf("the same cycles prepared %d statements more: the writer did not keep them", n-first)
+	}
+	if err := d.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := d.Acquire(ctx, "kept ü", "owner", time.Minute); !errors.Is(err, driver.ErrNotApplied) || !errors.Is(err, errDriverClosed) {
+		t.Fatalf("acquire after Close: %v, want a not-applied errDriverClosed", err)
+	}
+}

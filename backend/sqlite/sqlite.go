@@ -47,6 +47,8 @@ type Driver struct {
 	// starve one writer past the busy timeout (measured: see docs/BENCHMARKS.md). Other
 	// processes still meet in the busy handler.
 	w writer
+	// wc is the writer's connection and its prepared statements (group.go).
+	wc writeConn
 }
 
 var _ driver.Driver = (*Driver)(nil)
@@ -194,6 +196,7 @@ func (d *Driver) DB() *sql.DB { return d.db }
 
 // Close closes the handle if Open created it.
 func (d *Driver) Close() error {
+	d.wc.close()
 	if d.owned {
 		return d.db.Close()
 	}
@@ -503,7 +506,7 @@ func classify(err error) error {
 	return err
 }
 
-// querier is a handle, one of its connections, or a group's statements (stmtCache).
+// querier is a handle, one of its connections, or the writer's connection (writeConn).
 type querier interface {
 	ExecContext(ctx context.Context, query string, args ...any) (sql.Result, error)
 	QueryContext(ctx context.Context, query string, args ...any) (*sql.Rows, error)
