@@ -2,6 +2,7 @@ package sqlite
 
 import (
 	"context"
+	"database/sql"
 	"errors"
 	"fmt"
 	"path/filepath"
@@ -453,7 +454,8 @@ func TestGatherGrantedOnly(t *testing.T) {
 
 // TestWriterKeepsItsStatements: the writer's statements outlive their group. A cycle on one
 // resource prepares its statements; the same cycles on another resource and on the first again,
-// each in groups of their own, prepare none. After Close the writer refuses, as not applied.
+// each in groups of their own, prepare none; a read's statement is kept too. After Close the
+// writer refuses, as not applied.
 func TestWriterKeepsItsStatements(t *testing.T) {
 	ctx := context.Background()
 	d := groupDriver(t, "kept ü", "kept two ö")
@@ -482,6 +484,19 @@ func TestWriterKeepsItsStatements(t *testing.T) {
 	cycle("kept ü")
 	if n := prepared(); n != first {
 		t.Fatalf("the same cycles prepared %d statements more: the writer did not keep them", n-first)
+	}
+	// A read's statement is prepared once too.
+	stmtOf := func() *sql.Stmt {
+		t.Helper()
+		if _, err := d.Read(ctx, "kept ü"); err != nil {
+			t.Fatal(err)
+		}
+		d.readsMu.Lock()
+		defer d.readsMu.Unlock()
+		return d.reads[d.q(sqlRead)]
+	}
+	if st := stmtOf(); st == nil || stmtOf() != st {
+		t.Fatal("the read's statement was not kept")
 	}
 	if err := d.Close(); err != nil {
 		t.Fatal(err)

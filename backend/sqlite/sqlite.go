@@ -49,6 +49,9 @@ type Driver struct {
 	w writer
 	// wc is the writer's connection and its prepared statements (group.go).
 	wc writeConn
+	// reads are the reads' statements, prepared on the handle once (queryRow).
+	readsMu sync.Mutex
+	reads   map[string]*sql.Stmt
 }
 
 var _ driver.Driver = (*Driver)(nil)
@@ -197,6 +200,12 @@ func (d *Driver) DB() *sql.DB { return d.db }
 // Close closes the handle if Open created it.
 func (d *Driver) Close() error {
 	d.wc.close()
+	d.readsMu.Lock()
+	for _, st := range d.reads {
+		_ = st.Close()
+	}
+	d.reads = nil
+	d.readsMu.Unlock()
 	if d.owned {
 		return d.db.Close()
 	}
@@ -365,7 +374,7 @@ func (d *Driver) Read(ctx context.Context, resource string) (driver.State, error
 		until, publishedAt sql.NullInt64
 		now                int64
 	)
-	err := d.db.QueryRowContext(ctx, d.q(sqlRead), resource).Scan(&st.Epoch, &st.Generation, &owner, &until,
+	err := d.queryRow(ctx, d.q(sqlRead), resource).Scan(&st.Epoch, &st.Generation, &owner, &until,
 		&st.PublishedEpoch, &st.PublishedGeneration, &publishedAt, &st.SourceVersion, &st.PayloadSize,
 		&st.CurrentEpoch, &now)
 	if errors.Is(err, sql.ErrNoRows) {
@@ -385,12 +394,36 @@ func (d *Driver) Read(ctx context.Context, resource string) (driver.State, error
 	return st, nil
 }
 
+// queryRow runs a read through the handle's statement for its text, prepared once (database/sql
+// prepares it again on each connection of the pool that runs it, once); when it cannot be
+// prepared it runs unprepared and reports its own error.
+func (d *Driver) queryRow(ctx context.Context, query string, args ...any) *sql.Row {
+	d.readsMu.Lock()
+	st, ok := d.reads[query]
+	if !ok && len(d.reads) < maxStmts {
+		var err error
+		if st, err = d.db.PrepareContext(ctx, query); err == nil {
+			if d.reads == nil {
+				d.reads = make(map[string]*sql.Stmt)
+			}
+			d.reads[query] = st
+		} else {
+			st = nil
+		}
+	}
+	d.readsMu.Unlock()
+	if st == nil {
+		return d.db.QueryRowContext(ctx, query, args...)
+	}
+	return st.QueryRowContext(ctx, args...)
+}
+
 func (d *Driver) ReadPayload(ctx context.Context, resource string) ([]byte, int64, error) {
 	var (
 		gen     int64
 		payload []byte
 	)
-	err := d.db.QueryRowContext(ctx, d.q(sqlReadPayload), resource).Scan(&gen, &payload)
+	err := d.queryRow(ctx, d.q(sqlReadPayload), resource).Scan(&gen, &payload)
 	if errors.Is(err, sql.ErrNoRows) {
 		return nil, 0, driver.ErrNotFound
 	}
