@@ -347,7 +347,7 @@ func (d *Driver) commitGroup(group []*writeOp, savepoints, noRedo, noRollbackTo 
 		fail(driver.NotApplied(err))
 		return nil
 	}
-	defer q.unlock()
+	defer q.unlock(d.db)
 	if _, err := q.ExecContext(ctx, "BEGIN IMMEDIATE"); err != nil {
 		fail(driver.NotApplied(err)) // no transaction, nothing written
 		return nil
@@ -473,7 +473,14 @@ func (c *writeConn) lock(ctx context.Context, db *sql.DB) error {
 	return nil
 }
 
-func (c *writeConn) unlock() { c.mu.Unlock() }
+// unlock ends the group. The connection is kept unless the pool allows only one (a handle the
+// caller opened with SetMaxOpenConns(1)): kept, it would leave none for the reads.
+func (c *writeConn) unlock(db *sql.DB) {
+	if c.conn != nil && db.Stats().MaxOpenConnections == 1 {
+		c.drop()
+	}
+	c.mu.Unlock()
+}
 
 // drop finalizes the statements and gives the connection back to the pool, which closes it if
 // it was marked bad. Called with mu held.

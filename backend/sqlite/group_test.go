@@ -505,3 +505,39 @@ func TestWriterKeepsItsStatements(t *testing.T) {
 		t.Fatalf("acquire after Close: %v, want a not-applied errDriverClosed", err)
 	}
 }
+
+// TestWriterLeavesTheOnlyConnection: on a handle limited to one connection, the writer gives
+// its connection back after each group, so a read after a write does not wait forever for it.
+func TestWriterLeavesTheOnlyConnection(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	db, err := sql.Open("sqlite", DSN(filepath.Join(t.TempDir(), "one.db")))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	db.SetMaxOpenConns(1)
+	d := New(db)
+	defer d.Close()
+	if err := d.Migrate(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := d.BumpEpoch(ctx); err != nil {
+		t.Fatal(err)
+	}
+	const resource = "one connection ü"
+	if err := d.Provision(ctx, resource); err != nil {
+		t.Fatal(err)
+	}
+	g, err := d.Acquire(ctx, resource, "owner", time.Minute)
+	if err != nil {
+		t.Fatal(err)
+	}
+	st, err := d.Read(ctx, resource)
+	if err != nil {
+		t.Fatalf("read after a write on a one-connection handle: %v", err)
+	}
+	if st.Owner != "owner" || st.Generation != g.Generation || st.Epoch != g.Epoch {
+		t.Fatalf("read %+v after acquiring %+v", st, g)
+	}
+}
