@@ -482,8 +482,7 @@ func (c *writeConn) unlock(db *sql.DB) {
 	c.mu.Unlock()
 }
 
-// drop finalizes the statements and gives the connection back to the pool, which closes it if
-// it was marked bad. Called with mu held.
+// drop finalizes the statements and gives the connection back to the pool. Called with mu held.
 func (c *writeConn) drop() {
 	for _, st := range c.stmts {
 		_ = st.Close()
@@ -498,12 +497,8 @@ func (c *writeConn) drop() {
 // discard drops the connection and makes the pool close it, not reuse it: its transaction may
 // still be open. Called with mu held.
 func (c *writeConn) discard() {
-	for _, st := range c.stmts {
-		_ = st.Close()
-	}
-	c.stmts = nil
-	_ = c.conn.Raw(func(any) error { return sqldriver.ErrBadConn }) // closes c.conn
-	c.conn = nil
+	_ = c.conn.Raw(func(any) error { return sqldriver.ErrBadConn }) // closes c.conn and its statements
+	c.drop()
 }
 
 // close ends the writer's use of the connection for good (Driver.Close).
