@@ -118,12 +118,20 @@ func cycle(b *testing.B, s *fenced.Store, name string, clients int) {
 			b.Fatal(err)
 		}
 	}
+	// cpu-µs/cycle is this process's CPU time per cycle, every goroutine's (clients, service,
+	// SQLite; not PostgreSQL's server processes): with the cores, the floor under the time
+	// per cycle that any overlap of the work could reach (docs/BENCHMARKS.md, session 14).
+	var cpu time.Duration
+	defer func() {
+		b.ReportMetric(float64(processCPU(b)-cpu)/float64(time.Microsecond)/float64(b.N), "cpu-µs/cycle")
+	}()
 	if clients == 1 {
 		resource := fmt.Sprintf("bench %d %s", run, name)
 		if err := s.Provision(ctx, resource); err != nil {
 			b.Fatal(err)
 		}
 		b.ResetTimer()
+		cpu = processCPU(b)
 		for range b.N {
 			one(resource)
 		}
@@ -133,6 +141,7 @@ func cycle(b *testing.B, s *fenced.Store, name string, clients int) {
 	b.SetParallelism(max(1, clients/runtime.GOMAXPROCS(0)))
 	b.ResetTimer()
 	start := time.Now()
+	cpu = processCPU(b)
 	defer func() { b.ReportMetric(float64(b.N)/time.Since(start).Seconds(), "cycles/s") }()
 	b.RunParallel(func(pb *testing.PB) {
 		resource := fmt.Sprintf("bench %d %s %d", run, name, worker.Add(1))
