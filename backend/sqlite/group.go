@@ -431,9 +431,8 @@ func (d *Driver) redo(ctx context.Context, live []*writeOp, failed int, err erro
 
 // writeConn is the writer's connection, kept from one group to the next, with every statement
 // text the writer ran prepared on it once: parsing a statement cost SQLite about as much as
-// running it (a third of a lone caller's acquire-publish-release cycle, a fifth of the writer's
-// time with sixteen callers: docs/BENCHMARKS.md), and a connection of the pool could not keep
-// them. Only the writer uses it, one group at a time (mu, which Close also takes). A prepared
+// running it (about half of the writer's time for a lone caller, a quarter with sixteen
+// callers: docs/BENCHMARKS.md, session 14), and a connection of the pool could not keep them. Only the writer uses it, one group at a time (mu, which Close also takes). A prepared
 // statement is reset once run (modernc.org/sqlite resets it after Exec and when its rows are
 // closed, and queryOne always closes them), so none is left running at COMMIT.
 type writeConn struct {

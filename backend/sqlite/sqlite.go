@@ -197,7 +197,8 @@ func OpenURL(rawURL string) (*Driver, error) {
 // DB returns the underlying handle.
 func (d *Driver) DB() *sql.DB { return d.db }
 
-// Close closes the handle if Open created it.
+// Close gives back the writer's connection and finalizes the prepared statements, and closes
+// the handle if Open created it. Writes after Close fail as not applied.
 func (d *Driver) Close() error {
 	d.wc.close()
 	d.readsMu.Lock()
