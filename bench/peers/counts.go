@@ -18,6 +18,7 @@ import (
 )
 
 var (
+	etcdRaw      = flag.Bool("etcd-raw", false, "also run the bare Txn shapes of -etcd-counts through the workloads (without the stale and crash trials): the least that fenced's etcd semantics write beside what the Mutex writes")
 	etcdCounts   = flag.Bool("etcd-counts", false, "instead of the workloads, run 16 clients on 16 resources for -d on each etcd system and print, per acquire+release pair, the etcd requests it sent by kind (client side) and what the embedded member did: Raft proposals, WAL fsyncs and bytes, MVCC puts, deletes and ranges, lease grants, revocations and renewals")
 	countClients = flag.Int("counts-clients", 16, "clients (each on its own resource) for -etcd-counts; with FENCED_BENCH_ETCD set the member runs in another process, and the CPU time and allocations counted are the clients' alone")
 )
@@ -234,7 +235,13 @@ func must[T any](v T, err error) T {
 const (
 	rawNarrow = iota // the Mutex's: one put with the lease; one delete
 	rawFolded        // three compares, two puts; two compares, a delete returning the key, a put
-	rawWide          // fenced's: three compares, four puts; three compares, a get, three deletes
+	rawWide          // layout version 2's: three compares, four puts; three compares, a get, three deletes
+	// rawLeast is the least that fenced's semantics write on etcd (layout version 3 without
+	// its driver): the acquisition compares the gen key's released value and the epoch, puts
+	// the gen key (the generation must outlive the etcd lease) and the owner key on the etcd
+	// lease; the release compares the gen key's held value and the epoch, deletes the owner key
+	// and puts the bare token back (so that a released lease is told from an expired one).
+	rawLeast
 )
 
 // rawTxnSystem is a baseline for the counts: the acquire+release pair as bare Txns of one
@@ -253,13 +260,47 @@ func rawTxnSystem(cli *clientv3.Client, prefix string, shape int) (system, error
 		for range alive {
 		}
 	}()
-	name := [...]string{"raw Txn 1 put+1 delete", "raw Txn 3 puts+1 delete", "raw Txn 4 puts+3 deletes"}[shape]
+	name := [...]string{"raw Txn 1 put+1 delete", "raw Txn 3 puts+1 delete", "raw Txn 4 puts+3 deletes",
+		"raw Txn least: 3 puts+1 delete"}[shape]
 	token := strings.Repeat("0", 40)
+	var epoch []byte // rawLeast compares the epoch's value, as fenced does
+	var provisioned sync.Map
+	if shape == rawLeast {
+		resp, err := cli.Get(context.Background(), prefix+"epoch")
+		if err != nil {
+			return system{}, err
+		}
+		if len(resp.Kvs) != 1 {
+			return system{}, fmt.Errorf("%s: no epoch key under %s", name, prefix)
+		}
+		epoch = resp.Kvs[0].Value
+	}
 	return system{
 		name: name, server: "etcd",
 		lock: func(ctx context.Context, resource string) (held, error) {
 			base := prefix + "raw/" + resource + "/"
 			owner := base + "owner"
+			if shape == rawLeast {
+				gen := base + "gen"
+				if _, done := provisioned.Load(gen); !done { // once per resource, before its first pair
+					if _, err := cli.Txn(ctx).If(clientv3.Compare(clientv3.CreateRevision(gen), "=", 0)).
+						Then(clientv3.OpPut(gen, token)).Commit(); err != nil {
+						return nil, err
+					}
+					provisioned.Store(gen, true)
+				}
+				resp, err := cli.Txn(ctx).If(clientv3.Compare(clientv3.Value(gen), "=", token),
+					clientv3.Compare(clientv3.Value(prefix+"epoch"), "=", string(epoch))).
+					Then(clientv3.OpPut(gen, token+"an owner"), clientv3.OpPut(owner, "an owner", clientv3.WithLease(lease.ID))).
+					Commit()
+				if err != nil {
+					return nil, err
+				}
+				if !resp.Succeeded {
+					return nil, errBusy
+				}
+				return rawHeld{cli, base, shape, prefix + "epoch", string(epoch)}, nil
+			}
 			cmps := []clientv3.Cmp{clientv3.Compare(clientv3.CreateRevision(owner), "=", 0)}
 			ops := []clientv3.Op{clientv3.OpPut(owner, "an owner", clientv3.WithLease(lease.ID))}
 			if shape != rawNarrow {
@@ -280,15 +321,16 @@ func rawTxnSystem(cli *clientv3.Client, prefix string, shape int) (system, error
 			if !resp.Succeeded {
 				return nil, errBusy
 			}
-			return rawHeld{cli, base, shape}, nil
+			return rawHeld{cli: cli, base: base, shape: shape}, nil
 		},
 	}, nil
 }
 
 type rawHeld struct {
-	cli   *clientv3.Client
-	base  string
-	shape int
+	cli             *clientv3.Client
+	base            string
+	shape           int
+	epochKey, epoch string // rawLeast's
 }
 
 func (h rawHeld) write(ctx context.Context, p []byte) error { return h.release(ctx) }
@@ -305,6 +347,10 @@ func (h rawHeld) release(ctx context.Context) error {
 		cmps = []clientv3.Cmp{clientv3.Compare(clientv3.Value(gen), "=", token+"an owner"),
 			clientv3.Compare(clientv3.CreateRevision(h.base+"epoch"), "!=", -1)}
 		ops = []clientv3.Op{clientv3.OpDelete(owner, clientv3.WithPrevKV()), clientv3.OpPut(gen, token)}
+	case rawLeast:
+		cmps = []clientv3.Cmp{clientv3.Compare(clientv3.Value(gen), "=", token+"an owner"),
+			clientv3.Compare(clientv3.Value(h.epochKey), "=", h.epoch)}
+		ops = []clientv3.Op{clientv3.OpDelete(owner), clientv3.OpPut(gen, token)}
 	case rawWide:
 		cmps = []clientv3.Cmp{clientv3.Compare(clientv3.Value(owner), "=", "an owner"),
 			clientv3.Compare(clientv3.Value(gen), "=", token),

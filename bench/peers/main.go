@@ -20,7 +20,10 @@
 // shapes beside them, runs 16 clients on 16 resources for -d, and the table gives per pair the
 // etcd requests sent by kind, what the embedded member did (Raft proposals, WAL fsyncs and bytes, MVCC
 // puts, deletes and ranges, lease grants, revocations and renewals) and the process's CPU time,
-// which the machine's other load moves far less than pairs per second (counts.go).
+// which the machine's other load moves far less than pairs per second (counts.go). With
+// -etcd-raw the same bare Txns also run through the workloads, beside the systems: "raw Txn
+// least" is the fewest writes fenced's etcd semantics allow, without the driver, so fenced etcd
+// / raw least is the driver's own cost and raw least / Mutex what the semantics cost.
 //
 // Every lock is taken with its try operation (no library back-off): fenced's Acquire answers
 // busy at once, redsync runs with one try, redislock without retries, the Mutex with
@@ -152,6 +155,9 @@ func main() {
 	}
 	if !*skipTTL {
 		for _, s := range systems {
+			if s.stale == nil { // the bare Txn shapes (-etcd-raw): no lease object to pause
+				continue
+			}
 			fmt.Fprintf(os.Stderr, "stale writes: %s\n", s.name)
 			r := results[s.name]
 			for i := range *trials {
@@ -567,8 +573,8 @@ func setup(ctx context.Context) ([]system, func(), error) {
 		}
 	}
 	systems = append(systems, mutexSystem(ecli, eprefix))
-	if *etcdCounts {
-		for _, shape := range []int{rawNarrow, rawFolded, rawWide} {
+	if *etcdCounts || *etcdRaw {
+		for _, shape := range []int{rawNarrow, rawFolded, rawWide, rawLeast} {
 			raw, err := rawTxnSystem(ecli, eprefix, shape)
 			if err != nil {
 				return fail(err)
