@@ -334,17 +334,43 @@ func hungUp(w http.ResponseWriter) bool {
 	for {
 		switch x := w.(type) {
 		case *loopWriter:
-			c := x.conn
-			if tc, ok := c.(*tls.Conn); ok {
-				c = tc.NetConn()
-			}
-			return peek.Conn(c) == peek.Closed
+			return x.gone()
 		case interface{ Unwrap() http.ResponseWriter }:
 			w = x.Unwrap()
 		default:
 			return false
 		}
 	}
+}
+
+// tlsCloseRead bounds gone's read of one TLS record: the bytes are on the socket already.
+const tlsCloseRead = 50 * time.Millisecond
+
+// gone is hungUp for the loop's connection. Over TLS a client that closes sends a close_notify
+// alert ahead of its FIN, so the socket shows bytes to read, not a closed connection: gone
+// then reads them through TLS, into the loop's reader, where a request the client sent ahead
+// stays for the loop to read next, and the alert reads as the end of the stream. The request
+// being answered was read in full, so nothing of it is taken.
+// TestLoopWaiterHangsUpDuringAttempt/tls closes a TLS client during the attempt.
+func (w *loopWriter) gone() bool {
+	tc, ok := w.conn.(*tls.Conn)
+	if !ok {
+		return peek.Conn(w.conn) == peek.Closed
+	}
+	switch peek.Conn(tc.NetConn()) {
+	case peek.Closed:
+		return true
+	case peek.Data:
+		if w.br.Buffered() > 0 {
+			return false // a request sent ahead
+		}
+		_ = tc.SetReadDeadline(time.Now().Add(tlsCloseRead))
+		_, err := w.br.Peek(1)
+		_ = tc.SetReadDeadline(time.Time{})
+		var ne net.Error
+		return err != nil && !(errors.As(err, &ne) && ne.Timeout())
+	}
+	return false
 }
 
 // Hijack hands the connection to a parked waiter; the loop ends.

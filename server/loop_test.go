@@ -379,36 +379,120 @@ func TestLoopExpectContinue(t *testing.T) {
 // attempt is with the database: the attempt is granted, and the service releases that lease
 // at once, as on net/http, though no background read told the request of the hang-up.
 func TestLoopWaiterHangsUpDuringAttempt(t *testing.T) {
-	ps := newParkedServiceWith(t, &server.Options{SyncConnections: true})
-	before, err := ps.store.Show(testCtx(t), parkedResource)
-	if err != nil {
-		t.Fatal(err)
+	for _, overTLS := range []bool{false, true} {
+		name := "tcp"
+		if overTLS {
+			// A TLS client's close sends a close_notify alert ahead of its FIN, so the socket
+			// shows bytes to read, not a closed connection.
+			name = "tls"
+		}
+		t.Run(name, func(t *testing.T) {
+			ps := newParkedServiceWith(t, &server.Options{SyncConnections: true})
+			before, err := ps.store.Show(testCtx(t), parkedResource)
+			if err != nil {
+				t.Fatal(err)
+			}
+			var c net.Conn
+			if overTLS {
+				c = loopedTLSConn(t, ps.srv)
+			} else {
+				c, _ = loopedConn(t, ps.h.addr)
+			}
+			ps.event(t, "loop")
+			ps.drv.armed.Store(true)
+			body := `{"ttl_ms":60000,"wait_ms":60000,"owner":"gone waiter ü"}`
+			if _, err := fmt.Fprintf(c, "POST /v1/resources/parked%%20wait%%20%%C3%%BC/acquire HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s",
+				len(body), body); err != nil {
+				t.Fatal(err)
+			}
+			<-ps.drv.attempting
+			_ = c.Close()
+			close(ps.drv.open)
+			ps.event(t, "released")
+			ps.event(t, "loop-end")
+			st, err := ps.store.Show(testCtx(t), parkedResource)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if st.Held() || st.Generation != before.Generation+1 {
+				t.Fatalf("after a grant to a client that hung up: held=%v generation %d (was %d); want it granted and released",
+					st.Held(), st.Generation, before.Generation)
+			}
+			ps.metrics(t, map[string]float64{
+				"fenced_waiters": 0,
+				`fenced_answers_total{operation="acquire",outcome="client-gone"}`: 1,
+			})
+		})
 	}
-	c, _ := loopedConn(t, ps.h.addr)
+}
+
+// A TLS client that sends its next request before the answer to a waiting acquisition (HTTP/1.1
+// pipelining) shows bytes on the socket too, as a closing one does: it gets its grant, and its
+// next request is answered after it.
+func TestLoopTLSRequestSentAheadDuringAttempt(t *testing.T) {
+	ps := newParkedServiceWith(t, &server.Options{SyncConnections: true})
+	c := loopedTLSConn(t, ps.srv)
 	ps.event(t, "loop")
 	ps.drv.armed.Store(true)
-	body := `{"ttl_ms":60000,"wait_ms":60000,"owner":"gone waiter ü"}`
+	body := `{"ttl_ms":60000,"wait_ms":60000,"owner":"pipelining waiter ü"}`
 	if _, err := fmt.Fprintf(c, "POST /v1/resources/parked%%20wait%%20%%C3%%BC/acquire HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s",
 		len(body), body); err != nil {
 		t.Fatal(err)
 	}
 	<-ps.drv.attempting
-	_ = c.Close()
+	if _, err := io.WriteString(c, "GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n"); err != nil {
+		t.Fatal(err)
+	}
 	close(ps.drv.open)
-	ps.event(t, "released")
-	ps.event(t, "loop-end")
+	rd := bufio.NewReader(c)
+	for _, what := range []string{"the acquisition", "the request sent ahead"} {
+		resp, err := http.ReadResponse(rd, nil)
+		if err != nil {
+			t.Fatalf("%s: %v", what, err)
+		}
+		_, _ = io.Copy(io.Discard, resp.Body)
+		if resp.StatusCode != http.StatusOK {
+			t.Fatalf("%s answered %d, want 200", what, resp.StatusCode)
+		}
+	}
 	st, err := ps.store.Show(testCtx(t), parkedResource)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if st.Held() || st.Generation != before.Generation+1 {
-		t.Fatalf("after a grant to a client that hung up: held=%v generation %d (was %d); want it granted and released",
-			st.Held(), st.Generation, before.Generation)
+	if !st.Held() || st.Owner != "pipelining waiter ü" {
+		t.Fatalf("after the grant: %+v, want it held by the pipelining waiter", st)
 	}
-	ps.metrics(t, map[string]float64{
-		"fenced_waiters": 0,
-		`fenced_answers_total{operation="acquire",outcome="client-gone"}`: 1,
+}
+
+// loopedTLSConn serves srv's handler over TLS on a listener of its own and returns a client
+// connection whose first request asked for the loop.
+func loopedTLSConn(t *testing.T, srv *server.Server) net.Conn {
+	t.Helper()
+	ts := httptest.NewUnstartedServer(srv.Handler())
+	ts.StartTLS()
+	t.Cleanup(func() {
+		srv.StopWaiting()
+		ts.Close()
 	})
+	roots := x509.NewCertPool()
+	roots.AddCert(ts.Certificate())
+	c, err := tls.Dial("tcp", ts.Listener.Addr().String(), &tls.Config{RootCAs: roots, ServerName: "example.com"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = c.Close() })
+	if err := c.SetDeadline(time.Now().Add(time.Minute)); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := io.WriteString(c, "GET /healthz HTTP/1.1\r\nHost: x\r\n"+server.HeaderSyncConnection+": sync\r\n\r\n"); err != nil {
+		t.Fatal(err)
+	}
+	resp, err := http.ReadResponse(bufio.NewReader(c), nil)
+	if err != nil || resp.StatusCode != http.StatusOK {
+		t.Fatalf("first request: %v %v", resp, err)
+	}
+	_, _ = io.Copy(io.Discard, resp.Body)
+	return c
 }
 
 // A client on a looped connection that closes the connection itself while its waiting
