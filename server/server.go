@@ -10,6 +10,7 @@
 //
 // A mutation runs to its end even when the client hangs up, bounded by
 // Options.MutationTimeout: the database's answer then decides, never a half-sent request.
+// TestMutationOutlivesTheClient holds a publication in the driver across the hang-up.
 package server
 
 import (
