@@ -9,6 +9,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"net/netip"
 	"net/url"
 	"strings"
 )
@@ -197,6 +198,9 @@ func (s *Server) authenticate(r *http.Request) (*principal, *Problem) {
 			p := forbidden("this service has no tokens file, so it answers only clients on the loopback interface")
 			return nil, &p
 		}
+		if p := browserGuard(r); p != nil {
+			return nil, p
+		}
 		return local, nil
 	}
 	unauth := func(detail string) (*principal, *Problem) {
@@ -217,6 +221,74 @@ func (s *Server) authenticate(r *http.Request) (*principal, *Problem) {
 		return unauth("the bearer token is not in the tokens file")
 	}
 	return p, nil
+}
+
+// browserGuard refuses, when no tokens are set, the requests that a web page open in the
+// operator's browser could make to a loopback service, which would otherwise act as admin: a
+// Host that is not a loopback name (a page whose own name was rebound to 127.0.0.1, which could
+// then read the answers), and a request that the browser marks as sent by another site or
+// origin (a cross-site POST needs no preflight when its body is not JSON or it has none). The
+// CLI and other programs send a loopback Host and neither Sec-Fetch-Site nor Origin; the
+// dashboard page reads its own API, which is same-origin.
+func browserGuard(r *http.Request) *Problem {
+	host, port := splitHost(r.Host)
+	if !loopbackName(host) {
+		p := forbidden(fmt.Sprintf("this service has no tokens file, so it refuses a request addressed to Host %q, which is not localhost or a loopback address (a web page could send it by rebinding its own name to this machine)", r.Host))
+		return &p
+	}
+	if site := r.Header.Get("Sec-Fetch-Site"); site != "" && site != "same-origin" && site != "none" {
+		p := forbidden(fmt.Sprintf("this service has no tokens file, so it refuses a request that a browser sent from another origin (Sec-Fetch-Site: %s)", site))
+		return &p
+	}
+	if origin, sent := r.Header["Origin"]; sent {
+		scheme := "http"
+		if r.TLS != nil {
+			scheme = "https"
+		}
+		if len(origin) != 1 || !sameOrigin(origin[0], scheme, host, port) {
+			p := forbidden(fmt.Sprintf("this service has no tokens file, so it refuses a request that a web page of another origin sent (Origin: %s)", strings.Join(origin, ", ")))
+			return &p
+		}
+	}
+	return nil
+}
+
+// splitHost splits a Host header into its host (IPv6 without brackets) and port ("" if none).
+func splitHost(hostport string) (host, port string) {
+	if h, p, err := net.SplitHostPort(hostport); err == nil {
+		return h, p
+	}
+	if strings.HasPrefix(hostport, "[") && strings.HasSuffix(hostport, "]") {
+		return hostport[1 : len(hostport)-1], ""
+	}
+	return hostport, ""
+}
+
+// loopbackName reports whether host is "localhost" or a loopback address (127.0.0.0/8, ::1).
+func loopbackName(host string) bool {
+	if strings.EqualFold(host, "localhost") {
+		return true
+	}
+	ip, err := netip.ParseAddr(host) // unlike net.ParseIP, allocates nothing
+	return err == nil && ip.Zone() == "" && ip.Unmap().IsLoopback()
+}
+
+// sameOrigin reports whether origin (an Origin header) is scheme://host:port, the request's own
+// origin; a missing port is the scheme's default on either side.
+func sameOrigin(origin, scheme, host, port string) bool {
+	u, err := url.Parse(origin)
+	if err != nil || u.Scheme != scheme || u.User != nil || (u.Path != "" && u.Path != "/") || u.RawQuery != "" {
+		return false
+	}
+	defaultPort := map[string]string{"http": "80", "https": "443"}[scheme]
+	oport := u.Port()
+	if oport == "" {
+		oport = defaultPort
+	}
+	if port == "" {
+		port = defaultPort
+	}
+	return strings.EqualFold(u.Hostname(), host) && oport == port
 }
 
 // authorize checks the role and, for a route on a resource, the prefixes.

@@ -205,7 +205,7 @@ func TestNoTokensAnswersLoopbackOnly(t *testing.T) {
 	}
 	for addr, want := range map[string]int{"127.0.0.1:5000": 200, "[::1]:5000": 200, "192.0.2.7:5000": 403, "[2001:db8::1]:80": 403, "10.0.0.1:1": 403} {
 		req := httptest.NewRequest("GET", "/v1/info", nil)
-		req.RemoteAddr = addr
+		req.RemoteAddr, req.Host = addr, "localhost"
 		rec := httptest.NewRecorder()
 		srv.Handler().ServeHTTP(rec, req)
 		if rec.Code != want {

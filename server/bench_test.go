@@ -209,7 +209,7 @@ func BenchmarkHandoverService(b *testing.B) {
 		b.Fatal(err)
 	}
 	body := `{"ttl_ms":60000,"wait_ms":60000}`
-	request := fmt.Sprintf("POST /v1/resources/handover%%20%%C3%%BC/acquire HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s", len(body), body)
+	request := fmt.Sprintf("POST /v1/resources/handover%%20%%C3%%BC/acquire HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s", len(body), body)
 
 	// serviceWaiter waits through the service; ready returns once it is parked, done returns
 	// its lease once its client has read the answer.

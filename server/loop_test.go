@@ -144,7 +144,7 @@ func loopedConn(t *testing.T, addr string) (net.Conn, *bufio.Reader) {
 		t.Fatal(err)
 	}
 	br := bufio.NewReader(c)
-	if _, err := io.WriteString(c, "GET /healthz HTTP/1.1\r\nHost: x\r\n"+server.HeaderSyncConnection+": sync\r\n\r\n"); err != nil {
+	if _, err := io.WriteString(c, "GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\n"+server.HeaderSyncConnection+": sync\r\n\r\n"); err != nil {
 		t.Fatal(err)
 	}
 	resp, err := http.ReadResponse(br, nil)
@@ -163,7 +163,7 @@ func TestLoopMalformedRequest(t *testing.T) {
 		t.Fatalf("event %q, want loop", got)
 	}
 	// An answer of the loop's carries a Date, as net/http's do.
-	if _, err := io.WriteString(c, "GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n"); err != nil {
+	if _, err := io.WriteString(c, "GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n"); err != nil {
 		t.Fatal(err)
 	}
 	resp, err := http.ReadResponse(br, nil)
@@ -337,7 +337,7 @@ func TestLoopExpectContinue(t *testing.T) {
 		return resp, string(b)
 	}
 	c, br := dial()
-	send(c, "PUT /v1/resources/e%20%C3%BC HTTP/1.1\r\nHost: x\r\n"+server.HeaderSyncConnection+": sync\r\nContent-Length: 0\r\n\r\n")
+	send(c, "PUT /v1/resources/e%20%C3%BC HTTP/1.1\r\nHost: 127.0.0.1\r\n"+server.HeaderSyncConnection+": sync\r\nContent-Length: 0\r\n\r\n")
 	if resp, b := read(br, "provision"); resp.StatusCode/100 != 2 {
 		t.Fatalf("provision: %d %s", resp.StatusCode, b)
 	}
@@ -345,7 +345,7 @@ func TestLoopExpectContinue(t *testing.T) {
 		t.Fatalf("event %q, want loop", got)
 	}
 	body := `{"ttl_ms":60000,"owner":"owner ü"}`
-	send(c, fmt.Sprintf("POST /v1/resources/e%%20%%C3%%BC/acquire HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nExpect: 100-continue\r\nContent-Length: %d\r\n\r\n", len(body)))
+	send(c, fmt.Sprintf("POST /v1/resources/e%%20%%C3%%BC/acquire HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\nExpect: 100-continue\r\nContent-Length: %d\r\n\r\n", len(body)))
 	if resp, _ := read(br, "the interim answer"); resp.StatusCode != http.StatusContinue {
 		t.Fatalf("the answer to Expect: 100-continue is %d, want 100 before the body is sent", resp.StatusCode)
 	}
@@ -354,7 +354,7 @@ func TestLoopExpectContinue(t *testing.T) {
 		t.Fatalf("acquire after 100 Continue: %d close=%v %s", resp.StatusCode, resp.Close, b)
 	}
 	// Answered without its body being read: no 100, and the connection ends after the answer.
-	send(c, "POST /v1/no-such-thing HTTP/1.1\r\nHost: x\r\nExpect: 100-continue\r\nContent-Length: 5\r\n\r\n")
+	send(c, "POST /v1/no-such-thing HTTP/1.1\r\nHost: 127.0.0.1\r\nExpect: 100-continue\r\nContent-Length: 5\r\n\r\n")
 	if resp, _ := read(br, "an unknown path"); resp.StatusCode != http.StatusNotFound || !resp.Close {
 		t.Fatalf("an unknown path with Expect: %d close=%v, want 404 and Connection: close", resp.StatusCode, resp.Close)
 	}
@@ -366,7 +366,7 @@ func TestLoopExpectContinue(t *testing.T) {
 	if got := <-events; got != "loop" {
 		t.Fatalf("event %q, want loop", got)
 	}
-	send(c, "GET /healthz HTTP/1.1\r\nHost: x\r\nExpect: something-else\r\n\r\n")
+	send(c, "GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\nExpect: something-else\r\n\r\n")
 	if resp, _ := read(br, "an unknown expectation"); resp.StatusCode != http.StatusExpectationFailed || !resp.Close {
 		t.Fatalf("an unknown expectation: %d close=%v, want 417 and Connection: close", resp.StatusCode, resp.Close)
 	}
@@ -401,7 +401,7 @@ func TestLoopWaiterHangsUpDuringAttempt(t *testing.T) {
 			ps.event(t, "loop")
 			ps.drv.armed.Store(true)
 			body := `{"ttl_ms":60000,"wait_ms":60000,"owner":"gone waiter ü"}`
-			if _, err := fmt.Fprintf(c, "POST /v1/resources/parked%%20wait%%20%%C3%%BC/acquire HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s",
+			if _, err := fmt.Fprintf(c, "POST /v1/resources/parked%%20wait%%20%%C3%%BC/acquire HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s",
 				len(body), body); err != nil {
 				t.Fatal(err)
 			}
@@ -435,12 +435,12 @@ func TestLoopTLSRequestSentAheadDuringAttempt(t *testing.T) {
 	ps.event(t, "loop")
 	ps.drv.armed.Store(true)
 	body := `{"ttl_ms":60000,"wait_ms":60000,"owner":"pipelining waiter ü"}`
-	if _, err := fmt.Fprintf(c, "POST /v1/resources/parked%%20wait%%20%%C3%%BC/acquire HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s",
+	if _, err := fmt.Fprintf(c, "POST /v1/resources/parked%%20wait%%20%%C3%%BC/acquire HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s",
 		len(body), body); err != nil {
 		t.Fatal(err)
 	}
 	<-ps.drv.attempting
-	if _, err := io.WriteString(c, "GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n"); err != nil {
+	if _, err := io.WriteString(c, "GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n"); err != nil {
 		t.Fatal(err)
 	}
 	close(ps.drv.open)
@@ -484,7 +484,7 @@ func loopedTLSConn(t *testing.T, srv *server.Server) net.Conn {
 	if err := c.SetDeadline(time.Now().Add(time.Minute)); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := io.WriteString(c, "GET /healthz HTTP/1.1\r\nHost: x\r\n"+server.HeaderSyncConnection+": sync\r\n\r\n"); err != nil {
+	if _, err := io.WriteString(c, "GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\n"+server.HeaderSyncConnection+": sync\r\n\r\n"); err != nil {
 		t.Fatal(err)
 	}
 	resp, err := http.ReadResponse(bufio.NewReader(c), nil)
@@ -504,7 +504,7 @@ func TestLoopWaiterClosesConnection(t *testing.T) {
 	c, _ := loopedConn(t, ps.h.addr)
 	ps.event(t, "loop")
 	body := `{"ttl_ms":60000,"wait_ms":60000,"owner":"closing waiter ü"}`
-	if _, err := fmt.Fprintf(c, "POST /v1/resources/parked%%20wait%%20%%C3%%BC/acquire HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s",
+	if _, err := fmt.Fprintf(c, "POST /v1/resources/parked%%20wait%%20%%C3%%BC/acquire HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s",
 		len(body), body); err != nil {
 		t.Fatal(err)
 	}

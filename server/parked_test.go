@@ -137,7 +137,7 @@ func (ps *parkedService) wait(t *testing.T) *waiter {
 	}
 	t.Cleanup(func() { _ = c.Close() })
 	body := `{"ttl_ms":60000,"wait_ms":60000}`
-	if _, err := fmt.Fprintf(c, "POST /v1/resources/parked%%20wait%%20%%C3%%BC/acquire HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s",
+	if _, err := fmt.Fprintf(c, "POST /v1/resources/parked%%20wait%%20%%C3%%BC/acquire HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s",
 		len(body), body); err != nil {
 		t.Fatal(err)
 	}

@@ -218,7 +218,7 @@ func handlerCycle(b *testing.B, handler http.Handler, s *fenced.Store) func() {
 		if err != nil {
 			b.Fatal(err)
 		}
-		r.Header, r.RemoteAddr = header, "127.0.0.1:40000"
+		r.Header, r.RemoteAddr, r.Host = header, "127.0.0.1:40000", "127.0.0.1:7070"
 		rec := httptest.NewRecorder()
 		handler.ServeHTTP(rec, r)
 		return rec
@@ -270,7 +270,7 @@ type inprocTransport struct {
 func (t inprocTransport) RoundTrip(r *http.Request) (*http.Response, error) {
 	t.requests.Add(1)
 	r = r.Clone(r.Context())
-	r.RemoteAddr = "127.0.0.1:40000"
+	r.RemoteAddr, r.Host = "127.0.0.1:40000", "127.0.0.1:7070"
 	r.RequestURI = r.URL.RequestURI()
 	rec := httptest.NewRecorder()
 	t.handler.ServeHTTP(rec, r)

@@ -14,22 +14,23 @@ import (
 // Problem types (RFC 9457 "type" members). Each outcome class has one HTTP status, listed in
 // the OpenAPI document and in docs/SERVICE.md; clients switch on the type, not the status.
 const (
-	TypeInvalid               = "urn:fenced:problem:invalid"             // 400: nothing was sent to the database
-	TypeUnauthenticated       = "urn:fenced:problem:unauthenticated"     // 401
-	TypeForbidden             = "urn:fenced:problem:forbidden"           // 403: by this service's tokens
-	TypePermissionDenied      = "urn:fenced:problem:permission-denied"   // 403: by the database, to the service's role
-	TypeNotProvisioned        = "urn:fenced:problem:not-provisioned"     // 404
-	TypeNothingPublished      = "urn:fenced:problem:nothing-published"   // 404
-	TypeNotFound              = "urn:fenced:problem:not-found"           // 404: no such route
-	TypeBusy                  = "urn:fenced:problem:busy"                // 409
-	TypeRefused               = "urn:fenced:problem:refused"             // 412: the lease presented is not current
-	TypeTooLarge              = "urn:fenced:problem:too-large"           // 413
-	TypeOutcomeUnknown        = "urn:fenced:problem:outcome-unknown"     // 502: may or may not have happened
-	TypeNotApplied            = "urn:fenced:problem:not-applied"         // 503: certainly did not happen
-	TypeReadOnly              = "urn:fenced:problem:read-only"           // 503
-	TypeIncarnationChanged    = "urn:fenced:problem:incarnation-changed" // 503: bump the epoch
-	TypeUnavailable           = "urn:fenced:problem:unavailable"         // 503: a read failed
-	TypeShuttingDown          = "urn:fenced:problem:shutting-down"       // 503
+	TypeInvalid               = "urn:fenced:problem:invalid"                // 400: nothing was sent to the database
+	TypeUnauthenticated       = "urn:fenced:problem:unauthenticated"        // 401
+	TypeForbidden             = "urn:fenced:problem:forbidden"              // 403: by this service's tokens
+	TypePermissionDenied      = "urn:fenced:problem:permission-denied"      // 403: by the database, to the service's role
+	TypeNotProvisioned        = "urn:fenced:problem:not-provisioned"        // 404
+	TypeNothingPublished      = "urn:fenced:problem:nothing-published"      // 404
+	TypeNotFound              = "urn:fenced:problem:not-found"              // 404: no such route
+	TypeBusy                  = "urn:fenced:problem:busy"                   // 409
+	TypeRefused               = "urn:fenced:problem:refused"                // 412: the lease presented is not current
+	TypeTooLarge              = "urn:fenced:problem:too-large"              // 413
+	TypeUnsupportedMediaType  = "urn:fenced:problem:unsupported-media-type" // 415: a JSON body not sent as application/json
+	TypeOutcomeUnknown        = "urn:fenced:problem:outcome-unknown"        // 502: may or may not have happened
+	TypeNotApplied            = "urn:fenced:problem:not-applied"            // 503: certainly did not happen
+	TypeReadOnly              = "urn:fenced:problem:read-only"              // 503
+	TypeIncarnationChanged    = "urn:fenced:problem:incarnation-changed"    // 503: bump the epoch
+	TypeUnavailable           = "urn:fenced:problem:unavailable"            // 503: a read failed
+	TypeShuttingDown          = "urn:fenced:problem:shutting-down"          // 503
 	problemContentType        = "application/problem+json"
 	headerRequestID           = "Fenced-Request-Id"
 	genericDatabaseTroubleMsg = "the database did not answer as expected; the server's log has the details under this request id"
@@ -84,6 +85,7 @@ var no = false
 func problemFor(err error, mutation bool) Problem {
 	var (
 		tooBig *http.MaxBytesError
+		media  *mediaTypeError
 		inv    *fenced.InvalidError
 		busy   *fenced.BusyError
 		dbusy  *driver.BusyError
@@ -96,6 +98,9 @@ func problemFor(err error, mutation bool) Problem {
 	case errors.As(err, &tooBig):
 		return Problem{Type: TypeTooLarge, Status: http.StatusRequestEntityTooLarge, Title: "request too large",
 			Detail: "the request body is larger than " + strconv.FormatInt(tooBig.Limit, 10) + " bytes", Applied: &no}
+	case errors.As(err, &media):
+		return Problem{Type: TypeUnsupportedMediaType, Status: http.StatusUnsupportedMediaType, Title: "unsupported media type",
+			Detail: media.Error(), Applied: &no}
 	case errors.As(err, &denied):
 		return Problem{Type: TypePermissionDenied, Status: http.StatusForbidden, Title: "the database refused the operation to the service's role",
 			Detail: denied.Error(), Role: denied.Role, Operation: denied.Operation, Resource: denied.Resource, Applied: &no}

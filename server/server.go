@@ -26,6 +26,7 @@ import (
 	"net/http"
 	"net/url"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/fenced-dev/fenced"
@@ -267,7 +268,12 @@ func writeJSON(w http.ResponseWriter, status int, v any) {
 }
 
 // readJSON decodes a small JSON body strictly: unknown fields and trailing data are invalid.
+// The body must be declared application/json: a web page can send any other type across
+// origins without asking the browser's permission first (a "simple" request), this one not.
 func readJSON(w http.ResponseWriter, r *http.Request, v any) error {
+	if ct := r.Header.Get("Content-Type"); !isJSON(ct) {
+		return &mediaTypeError{got: ct}
+	}
 	dec := json.NewDecoder(http.MaxBytesReader(w, r.Body, maxJSONBytes))
 	dec.DisallowUnknownFields()
 	if err := dec.Decode(v); err != nil {
@@ -281,6 +287,23 @@ func readJSON(w http.ResponseWriter, r *http.Request, v any) error {
 		return &fenced.InvalidError{Arg: "request body", Reason: "it holds more than one JSON value"}
 	}
 	return nil
+}
+
+// isJSON reports whether a Content-Type header names application/json (parameters allowed),
+// without mime.ParseMediaType's allocations on every request.
+func isJSON(ct string) bool {
+	mt, _, _ := strings.Cut(ct, ";")
+	return strings.EqualFold(strings.TrimSpace(mt), "application/json")
+}
+
+// mediaTypeError is a JSON operation's request whose body is not declared application/json.
+type mediaTypeError struct{ got string }
+
+func (e *mediaTypeError) Error() string {
+	if e.got == "" {
+		return "the request body has no Content-Type; send Content-Type: application/json"
+	}
+	return fmt.Sprintf("the request body's Content-Type is %q; send Content-Type: application/json", e.got)
 }
 
 // Millis is a duration in milliseconds as JSON carries it; fractions are allowed.

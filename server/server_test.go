@@ -47,7 +47,7 @@ func (a answer) problem(t *testing.T) server.Problem {
 	return p
 }
 
-// call sends one request to the service.
+// call sends one request to the service; a "Host" in header replaces the request's Host.
 func call(t *testing.T, h *harness, bearer, method, path string, header map[string]string, body []byte) answer {
 	t.Helper()
 	req, err := http.NewRequestWithContext(testCtx(t), method, h.url()+path, bytes.NewReader(body))
@@ -59,6 +59,9 @@ func call(t *testing.T, h *harness, bearer, method, path string, header map[stri
 	}
 	for k, v := range header {
 		req.Header.Set(k, v)
+	}
+	if host := header["Host"]; host != "" {
+		req.Host = host
 	}
 	if bearer != "" {
 		req.Header.Set("Authorization", "Bearer "+bearer)

@@ -42,7 +42,8 @@ func (a *app) serveCmd() *cobra.Command {
 until SIGINT or SIGTERM; then requests in flight finish (up to ` + shutdownGrace.String() + `) and it exits.
 
 Without --tokens the service needs no setup and answers only clients on the loopback
-interface. A tokens file admits bearer tokens, each with a role (reader, worker, admin) and
+interface, addressed as localhost or a loopback address, and refuses requests that a browser
+marks as sent by another site's page (Origin, Sec-Fetch-Site). A tokens file admits bearer tokens, each with a role (reader, worker, admin) and
 resource-name prefixes; "fenced serve-token" makes one. Listening beyond loopback needs TLS
 (--tls-cert and --tls-key), or --insecure to accept plain HTTP on a network you trust.
 
