@@ -610,6 +610,10 @@ func (s *Server) publish(release bool) http.HandlerFunc {
 			return
 		}
 		payload, err := io.ReadAll(http.MaxBytesReader(w, r.Body, int64(s.store.MaxPayloadBytes())))
+		if tooBig := (*http.MaxBytesError)(nil); err != nil && !errors.As(err, &tooBig) {
+			// A body cut short or badly framed (chunked) is the request's fault, not the database's.
+			err = &fenced.InvalidError{Arg: "request body", Reason: "it could not be read: " + err.Error()}
+		}
 		if err != nil {
 			s.fail(w, r, err, false)
 			return
