@@ -35,8 +35,9 @@
 // Expiry is judged by the database's clock alone, read by the database while the statement
 // executes (the README's table says at which moment, per backend). A client
 // never compares its clock with a database time. Separately, a holder keeps a trust window on its
-// own monotonic clock (from the moment it sent the acquire request, ttl minus a safety margin)
-// and stops work when it closes (Lease.Done), before the database would let anyone else in.
+// own clock (from the moment it sent the acquire request, ttl minus a safety margin; a clock
+// that counts a suspend of the machine: CLOCK_BOOTTIME on Linux) and stops work when it closes
+// (Lease.Done), before the database would let anyone else in.
 // The trust window makes a holder give up early; it never makes a write acceptable. Only the
 // database's conditional statement does that.
 //

@@ -11,6 +11,7 @@ import (
 
 	"github.com/fenced-dev/fenced/driver"
 	"github.com/fenced-dev/fenced/internal/pointer"
+	"github.com/fenced-dev/fenced/internal/trustclock"
 )
 
 const (
@@ -114,27 +115,31 @@ func cmpInt(a, b int64) int {
 // writes carries both to the database, which refuses it unless they are still current. A Lease
 // is safe for concurrent use by multiple goroutines.
 //
-// Besides the database's verdict, a lease acquired by this process keeps a local trust window
-// on the monotonic clock: from the moment the acquire request was sent, ttl minus the safety
-// margin. Done closes when that window ends, a renewal is refused, or the lease is released,
-// so that work done under the lease can stop before the database would let another owner in.
+// Besides the database's verdict, a lease acquired by this process keeps a local trust window:
+// from the moment the acquire request was sent, ttl minus the safety margin, on a clock that
+// keeps counting while the machine is suspended (CLOCK_BOOTTIME on Linux; Go's own timers stop
+// then). Done closes when that window ends (within a second of resuming, when it ended during
+// a suspend; Err reports it at once), a renewal is refused, or the lease is released, so that
+// work done under the lease can stop before the database would let another owner in.
 type Lease struct {
 	ref   driver.LeaseRef
 	store *Store
 
 	mu         sync.Mutex
-	leaseUntil time.Time // database clock; informational
-	trustUntil time.Time // local monotonic clock; zero for LeaseFor handles
-	timer      *time.Timer
+	leaseUntil time.Time     // database clock; informational
+	trustEnd   time.Duration // on trustclock; zero for LeaseFor handles
+	timer      *trustclock.Timer
 	done       chan struct{}
 	err        error
 }
 
-func newLease(s *Store, ref driver.LeaseRef, leaseUntil, trustUntil time.Time) *Lease {
-	l := &Lease{ref: ref, store: s, leaseUntil: leaseUntil, trustUntil: trustUntil, done: make(chan struct{})}
-	if !trustUntil.IsZero() {
+// newLease returns the lease; trustEnd is the end of its trust window on trustclock, zero for
+// none.
+func newLease(s *Store, ref driver.LeaseRef, leaseUntil time.Time, trustEnd time.Duration) *Lease {
+	l := &Lease{ref: ref, store: s, leaseUntil: leaseUntil, trustEnd: trustEnd, done: make(chan struct{})}
+	if trustEnd != 0 {
 		l.mu.Lock() // the timer may fire before the assignment below
-		l.timer = time.AfterFunc(time.Until(trustUntil), l.trustEnded)
+		l.timer = trustclock.AfterFunc(trustEnd, l.trustEnded)
 		l.mu.Unlock()
 	}
 	return l
@@ -164,32 +169,57 @@ func (l *Lease) LeaseUntil() time.Time {
 	return l.leaseUntil
 }
 
-// TrustUntil is the end of the local trust window (zero for a LeaseFor handle).
+// TrustUntil is the end of the local trust window (zero for a LeaseFor handle), as a time on
+// this machine's clock read now: a suspend since the window began has already brought it
+// closer.
 func (l *Lease) TrustUntil() time.Time {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	return l.trustUntil
+	if l.trustEnd == 0 {
+		return time.Time{}
+	}
+	return time.Now().Add(l.trustEnd - trustclock.Now())
 }
 
 // Done is closed when this process should stop trusting the lease. See Err for why.
 func (l *Lease) Done() <-chan struct{} { return l.done }
 
 // Err is nil while the lease is trusted; afterwards it says why it is not, and matches
-// ErrLeaseLost unless the lease was released by its holder.
+// ErrLeaseLost unless the lease was released by its holder. It reads the clock itself, so it
+// reports a window that ended during a suspend at once, before Done has closed.
 func (l *Lease) Err() error {
 	l.mu.Lock()
 	defer l.mu.Unlock()
+	l.windowEndedLocked()
 	return l.err
 }
 
 func (l *Lease) trustEnded() {
-	l.end(fmt.Errorf("%w: the trust window of lease %s ended", ErrLeaseLost, l.Token()))
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.endLocked(l.trustEndedErr())
+}
+
+func (l *Lease) trustEndedErr() error {
+	return fmt.Errorf("%w: the trust window of lease %s ended", ErrLeaseLost, l.Token())
+}
+
+// windowEndedLocked ends the lease if its trust window is over by the clock, whether or not
+// the timer has fired. Called with l.mu held.
+func (l *Lease) windowEndedLocked() {
+	if l.err == nil && l.timer != nil && trustclock.Now() >= l.trustEnd {
+		l.endLocked(l.trustEndedErr())
+	}
 }
 
 // end closes Done once, recording why.
 func (l *Lease) end(why error) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
+	l.endLocked(why)
+}
+
+func (l *Lease) endLocked(why error) {
 	if l.err != nil {
 		return
 	}
@@ -282,7 +312,7 @@ func (l *Lease) Renew(ctx context.Context, ttl time.Duration) error {
 	if err := ctx.Err(); err != nil {
 		return fmt.Errorf("renew %q: not sent: %w", l.ref.Resource, err)
 	}
-	sent := time.Now()
+	sent := trustclock.Now()
 	until, ok, err := l.store.drv.Renew(ctx, l.ref, ttl)
 	if err != nil {
 		merr := mutationError(opRenew, l.ref.Resource, err, nil)
@@ -299,9 +329,10 @@ func (l *Lease) Renew(ctx context.Context, ttl time.Duration) error {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	l.leaseUntil = until
+	l.windowEndedLocked() // a window that ended before the answer stays ended, as if the timer had fired
 	if l.err == nil && l.timer != nil {
-		l.trustUntil = sent.Add(ttl - margin)
-		l.timer.Reset(time.Until(l.trustUntil))
+		l.trustEnd = sent + ttl - margin
+		l.timer.Reset(l.trustEnd)
 	}
 	return nil
 }

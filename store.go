@@ -13,6 +13,7 @@ import (
 	"unicode/utf8"
 
 	"github.com/fenced-dev/fenced/driver"
+	"github.com/fenced-dev/fenced/internal/trustclock"
 )
 
 // State is one resource's row as read at one moment, including the database's clock.
@@ -44,7 +45,8 @@ type Config struct {
 
 	// SafetyMargin is how long before the lease's nominal end a holder stops trusting it:
 	// a lease acquired with ttl is trusted until (local time when the request was sent) + ttl
-	// - SafetyMargin, on the local monotonic clock. Default: a tenth of the ttl. It must be
+	// - SafetyMargin, on a local clock that counts a suspend of the machine (CLOCK_BOOTTIME on
+	// Linux, CLOCK_MONOTONIC on macOS). Default: a tenth of the ttl. It must be
 	// smaller than every ttl used.
 	SafetyMargin time.Duration
 
@@ -335,7 +337,7 @@ func (s *Store) acquireAs(ctx context.Context, resource, owner string, ttl time.
 	if err := ctx.Err(); err != nil {
 		return nil, fmt.Errorf("acquire %q: not sent: %w", resource, err)
 	}
-	sent := time.Now()
+	sent := trustclock.Now()
 	grant, err := s.drv.Acquire(ctx, resource, owner, ttl)
 	var busy *driver.BusyError
 	switch {
@@ -350,7 +352,7 @@ func (s *Store) acquireAs(ctx context.Context, resource, owner string, ttl time.
 		return nil, mutationError(opAcquire, resource, err, func(e *OutcomeUnknownError) { e.Owner = owner })
 	}
 	return newLease(s, driver.LeaseRef{Resource: resource, Owner: owner, Epoch: grant.Epoch, Generation: grant.Generation},
-		grant.LeaseUntil, sent.Add(ttl-margin)), nil
+		grant.LeaseUntil, sent+ttl-margin), nil
 }
 
 // LeaseFor returns a handle on an acquisition made elsewhere, for example by another process
@@ -371,7 +373,7 @@ func (s *Store) LeaseFor(resource, owner string, token Token) (*Lease, error) {
 		return nil, invalid("epoch", "%d is not a positive integer", token.Epoch)
 	}
 	return newLease(s, driver.LeaseRef{Resource: resource, Owner: owner, Epoch: token.Epoch, Generation: token.Generation},
-		time.Time{}, time.Time{}), nil
+		time.Time{}, 0), nil
 }
 
 // Show reads the resource's row and the database's clock. It returns ErrNotProvisioned when

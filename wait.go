@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/fenced-dev/fenced/driver"
+	"github.com/fenced-dev/fenced/internal/trustclock"
 )
 
 // Default polling bounds of AcquireWait (Config.WaitPollMin and WaitPollMax).
@@ -292,7 +293,7 @@ func (s *Store) acquireWaitInEngine(ctx context.Context, resource string, ttl ti
 				cancel()
 			}
 		})
-		sent := time.Now()
+		sent := trustclock.Now()
 		if s.waits.hook != nil {
 			s.waits.hook("engine-wait", wait)
 		}
@@ -322,12 +323,12 @@ func (s *Store) acquireWaitInEngine(ctx context.Context, resource string, ttl ti
 	}
 }
 
-// waitedLease is the lease granted to a wait whose request was sent at sent.
-func (s *Store) waitedLease(ctx context.Context, ref driver.LeaseRef, leaseUntil, sent time.Time, ttl, margin time.Duration) (*Lease, error) {
-	if time.Since(sent) > margin {
+// waitedLease is the lease granted to a wait whose request was sent at sent (trustclock).
+func (s *Store) waitedLease(ctx context.Context, ref driver.LeaseRef, leaseUntil time.Time, sent, ttl, margin time.Duration) (*Lease, error) {
+	if trustclock.Now()-sent > margin {
 		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), s.cfg.ReleaseTimeout)
 		defer cancel()
-		renewSent := time.Now()
+		renewSent := trustclock.Now()
 		until, ok, err := s.drv.Renew(rctx, ref, ttl)
 		switch {
 		case err == nil && ok:
@@ -339,7 +340,7 @@ func (s *Store) waitedLease(ctx context.Context, ref driver.LeaseRef, leaseUntil
 		}
 		// Unknown: the lease keeps the window of the wait's request, which may have ended.
 	}
-	return newLease(s, ref, leaseUntil, sent.Add(ttl-margin)), nil
+	return newLease(s, ref, leaseUntil, sent+ttl-margin), nil
 }
 
 // settleWait releases resource's lease if owner holds it: after a waiting acquisition's
