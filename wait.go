@@ -20,7 +20,11 @@ const (
 
 // AcquireWait is Acquire that waits while the resource is busy: it returns the lease once an
 // acquisition is granted, or the first error other than busy, or, when ctx ends first, an
-// error matching both ErrBusy (the last *BusyError) and ctx's error. ctx ends the waiting
+// error matching both ErrBusy and ctx's error, whose outcome is certain: no acquisition. Its
+// *BusyError is the waiter's last busy answer, or, when ctx ended while the waiter was still
+// queued behind an earlier one of this Store (so that it sent nothing), the last busy answer
+// that earlier waiter had; it names only the resource, with generation 0, when no answer was
+// known, and the error's text then says that nothing was sent. ctx ends the waiting
 // between attempts; an attempt already sent runs to its answer (for at most
 // Config.ReleaseTimeout), so the end of ctx does not by itself make an acquisition's outcome
 // unknown, and a grant that arrives just after ctx ended is returned. An attempt can still end
@@ -68,11 +72,12 @@ func (s *Store) AcquireWait(ctx context.Context, resource string, ttl time.Durat
 	select {
 	case <-w.turn:
 	default:
+		o.queued = true
 		o.waiting() // queued behind an earlier waiter
 		select {
 		case <-w.turn:
 		case <-ctx.Done():
-			return nil, fmt.Errorf("acquire %q: gave up waiting for the waiters before it: %w", resource, ctx.Err())
+			return nil, gaveUpUnsent(s.waits.aheadBusy(resource, w), resource, &o, ctx.Err())
 		}
 	}
 	// The attempts run in a function of their own: its frame is large, and a waiter queued
@@ -80,10 +85,24 @@ func (s *Store) AcquireWait(ctx context.Context, resource string, ttl time.Durat
 	return s.acquireWaitTurn(ctx, resource, ttl, w, &o)
 }
 
+// gaveUpUnsent ends the wait of a waiter that ctx ended before it sent an attempt: busy with
+// what the waiter ahead of it last heard (ahead, nil when nothing is known). Nothing was sent,
+// so the outcome is certain: no acquisition.
+func gaveUpUnsent(ahead *BusyError, resource string, o *waitOptions, ctxErr error) error {
+	if ahead == nil {
+		ahead = &BusyError{Resource: resource}
+	}
+	note := "the wait ended before its first attempt was sent"
+	if o.queued {
+		note = "it was queued behind an earlier waiter and sent no attempt"
+	}
+	return &gaveUpError{busy: ahead, waited: time.Since(o.start), ctxErr: ctxErr, note: note}
+}
+
 // acquireWaitTurn is AcquireWait once the waiter is the first of its resource.
 func (s *Store) acquireWaitTurn(ctx context.Context, resource string, ttl time.Duration, w *waiter, o *waitOptions) (*Lease, error) {
 	if wt, ok := s.drv.(driver.Waiter); ok {
-		return s.acquireWaitInEngine(ctx, resource, ttl, wt, o)
+		return s.acquireWaitInEngine(ctx, resource, ttl, wt, w, o)
 	}
 	// Subscribed before the first attempt, so that a release between a busy answer and the
 	// sleep that follows still wakes this waiter.
@@ -102,7 +121,7 @@ func (s *Store) acquireWaitTurn(ctx context.Context, resource string, ttl time.D
 		attemptTimeout = DefaultReleaseTimeout
 	}
 	if err := ctx.Err(); err != nil {
-		return nil, fmt.Errorf("acquire %q: not sent: %w", resource, err)
+		return nil, gaveUpUnsent(nil, resource, o, err)
 	}
 	for {
 		// ctx bounds the waiting, not an attempt: one that has been sent finishes (for at most
@@ -116,6 +135,7 @@ func (s *Store) acquireWaitTurn(ctx context.Context, resource string, ttl time.D
 			cancel()
 			return l, err
 		}
+		s.waits.heard(w, busy)
 		o.waiting()
 		delay := poll
 		if st, rerr := s.Show(actx, resource); rerr == nil {
@@ -159,6 +179,7 @@ type WaitOption func(*waitOptions)
 
 type waitOptions struct {
 	start     time.Time // when AcquireWait was called
+	queued    bool      // it had to wait behind an earlier waiter of the Store
 	onWaiting func()
 	owner     string
 }
@@ -199,6 +220,7 @@ type waitQueues struct {
 type waiter struct {
 	turn chan struct{} // closed when this waiter is the first of its resource
 	wake chan struct{} // a lease of the resource was released through this Store
+	busy *BusyError    // the last busy answer it had, under waitQueues.mu
 }
 
 func (q *waitQueues) join(resource string) *waiter {
@@ -238,6 +260,25 @@ func (q *waitQueues) leave(resource string, w *waiter) {
 	}
 }
 
+// heard records w's latest busy answer, for the waiters queued behind it.
+func (q *waitQueues) heard(w *waiter, busy *BusyError) {
+	q.mu.Lock()
+	w.busy = busy
+	q.mu.Unlock()
+}
+
+// aheadBusy is the last busy answer of the waiter at the front of resource's queue, when that
+// is not w, or nil.
+func (q *waitQueues) aheadBusy(resource string, w *waiter) *BusyError {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	if ws := q.queues[resource]; len(ws) > 0 && ws[0] != w && ws[0].busy != nil {
+		b := *ws[0].busy // a copy: the error it goes into is the caller's
+		return &b
+	}
+	return nil
+}
+
 // released wakes the first waiter of resource, if any.
 func (q *waitQueues) released(resource string) {
 	q.mu.Lock()
@@ -269,7 +310,7 @@ const maxEngineWait = 24 * time.Hour
 // A lease granted after a wait longer than the safety margin is renewed once at once: its
 // trust window is timed from the moment a request was sent, and the wait's request was sent
 // before the grant, perhaps longer ago than the TTL.
-func (s *Store) acquireWaitInEngine(ctx context.Context, resource string, ttl time.Duration, wt driver.Waiter, o *waitOptions) (*Lease, error) {
+func (s *Store) acquireWaitInEngine(ctx context.Context, resource string, ttl time.Duration, wt driver.Waiter, w *waiter, o *waitOptions) (*Lease, error) {
 	margin, err := s.margin(ttl)
 	if err != nil {
 		return nil, err
@@ -278,7 +319,7 @@ func (s *Store) acquireWaitInEngine(ctx context.Context, resource string, ttl ti
 	for {
 		if err := ctx.Err(); err != nil {
 			if busy == nil {
-				return nil, fmt.Errorf("acquire %q: not sent: %w", resource, err)
+				return nil, gaveUpUnsent(nil, resource, o, err)
 			}
 			return nil, gaveUp(busy, o.start, err)
 		}
@@ -308,6 +349,7 @@ func (s *Store) acquireWaitInEngine(ctx context.Context, resource string, ttl ti
 		case errors.As(err, &dbusy):
 			busy = &BusyError{Resource: resource, Token: Token{Epoch: dbusy.Epoch, Generation: dbusy.Generation},
 				Generation: dbusy.Generation, LeaseUntil: dbusy.LeaseUntil}
+			s.waits.heard(w, busy)
 			o.waiting()
 		case errors.Is(err, driver.ErrNotFound):
 			return nil, fmt.Errorf("acquire %q: %w", resource, ErrNotProvisioned)
@@ -375,10 +417,12 @@ func (q *waitQueues) releasedAll() {
 
 // gaveUpError ends a wait that ctx cut short while the lease was still held: busy, with how
 // long the caller waited. It matches ErrBusy (and the *BusyError, with errors.As) and ctx's error.
+// A *BusyError of generation 0 names no holder: none was known.
 type gaveUpError struct {
 	busy   *BusyError
 	waited time.Duration
 	ctxErr error
+	note   string // why nothing was sent, when nothing was
 }
 
 func gaveUp(busy *BusyError, start time.Time, ctxErr error) error {
@@ -390,9 +434,20 @@ func (e *gaveUpError) Error() string {
 	if e.waited >= time.Second {
 		waited = e.waited.Round(100 * time.Millisecond)
 	}
+	if e.busy.Generation == 0 { // no holder known
+		why := e.note
+		if why == "" {
+			why = "the resource is still busy (its holder was not reported)"
+		}
+		return fmt.Sprintf("gave up waiting for %q after %s: %s", e.busy.Resource, waited, why)
+	}
 	held := Token{Epoch: e.busy.Token.Epoch, Generation: e.busy.Generation}
-	return fmt.Sprintf("gave up waiting for %q after %s: %s is still held, until %s by the database's clock",
+	msg := fmt.Sprintf("gave up waiting for %q after %s: %s is still held, until %s by the database's clock",
 		e.busy.Resource, waited, held.lease(), e.busy.LeaseUntil.UTC().Format(time.RFC3339Nano))
+	if e.note != "" {
+		msg += "; " + e.note
+	}
+	return msg
 }
 
 func (e *gaveUpError) Unwrap() []error { return []error{e.busy, e.ctxErr} }

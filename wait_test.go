@@ -253,6 +253,72 @@ func TestAcquireWaitGivesUpWithCtx(t *testing.T) {
 	}
 }
 
+// TestAcquireWaitGivesUpQueued: a waiter queued behind an earlier waiter of the same Store
+// whose ctx ends gives up busy (with the earlier waiter's last answer) and with ctx's error,
+// having sent nothing; so does one whose ctx ended before its first attempt.
+func TestAcquireWaitGivesUpQueued(t *testing.T) {
+	s := waitStore(t, filepath.Join(t.TempDir(), "w.db"))
+	ctx := context.Background()
+	if err := s.Provision(ctx, waitResource); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.BumpEpoch(ctx); err != nil {
+		t.Fatal(err)
+	}
+	holder, err := s.Acquire(ctx, waitResource, time.Hour)
+	if err != nil {
+		t.Fatal(err)
+	}
+	slept := make(chan struct{}, 1)
+	s.waits.hook = func(event string, _ time.Duration) {
+		if event == "sleep" {
+			select {
+			case slept <- struct{}{}:
+			default:
+			}
+		}
+	}
+	actx, cancelA := context.WithCancel(ctx)
+	defer cancelA()
+	doneA := make(chan error, 1)
+	go func() {
+		_, err := s.AcquireWait(actx, waitResource, time.Minute)
+		doneA <- err
+	}()
+	<-slept // A is first in line and has heard busy
+
+	bctx, cancelB := context.WithTimeout(ctx, 100*time.Millisecond)
+	defer cancelB()
+	_, err = s.AcquireWait(bctx, waitResource, time.Minute)
+	if !errors.Is(err, ErrBusy) || !errors.Is(err, context.DeadlineExceeded) || errors.Is(err, ErrOutcomeUnknown) {
+		t.Fatalf("a queued waiter whose ctx ended: %v, want busy and deadline exceeded", err)
+	}
+	var busy *BusyError
+	if !errors.As(err, &busy) || busy.Resource != waitResource || busy.Token != holder.Token() ||
+		!strings.Contains(err.Error(), "queued behind an earlier waiter") {
+		t.Fatalf("a queued waiter whose ctx ended: %v (%+v), want the holder's %s as A last heard it, and that it was queued",
+			err, busy, holder.Token())
+	}
+	cancelA()
+	if err := <-doneA; !errors.Is(err, ErrBusy) || !errors.Is(err, context.Canceled) {
+		t.Fatalf("waiter A: %v", err)
+	}
+	if err := holder.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+
+	// First in line, ctx over before the first attempt: nothing sent, busy, the resource untouched.
+	over, cancel := context.WithCancel(ctx)
+	cancel()
+	_, err = s.AcquireWait(over, waitResource, time.Minute)
+	if !errors.Is(err, ErrBusy) || !errors.Is(err, context.Canceled) || !errors.As(err, &busy) || busy.Generation != 0 {
+		t.Fatalf("AcquireWait with ctx over: %v, want busy with no holder, and canceled", err)
+	}
+	if st, err := s.Show(ctx, waitResource); err != nil || st.Held() || st.Generation != holder.Generation() {
+		t.Fatalf("after a wait that sent nothing: %+v, %v", st, err)
+	}
+}
+
 // TestAcquireWaitWokenByPostgres: the waiter's store and the holder's are separate (as two
 // processes are), and the waiter's every sleep would outlast the test: only the engine's
 // signal of the release (LISTEN/NOTIFY) can wake it.

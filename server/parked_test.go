@@ -131,12 +131,18 @@ type waiter struct {
 
 func (ps *parkedService) wait(t *testing.T) *waiter {
 	t.Helper()
+	return ps.waitMs(t, 60000)
+}
+
+// waitMs sends a waiting acquisition that waits at most waitMs.
+func (ps *parkedService) waitMs(t *testing.T, waitMs int) *waiter {
+	t.Helper()
 	c, err := net.Dial("tcp", ps.h.addr)
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = c.Close() })
-	body := `{"ttl_ms":60000,"wait_ms":60000}`
+	body := fmt.Sprintf(`{"ttl_ms":60000,"wait_ms":%d}`, waitMs)
 	if _, err := fmt.Fprintf(c, "POST /v1/resources/parked%%20wait%%20%%C3%%BC/acquire HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s",
 		len(body), body); err != nil {
 		t.Fatal(err)
@@ -294,6 +300,68 @@ func TestParkedWaiterGrantAfterHangUp(t *testing.T) {
 		t.Fatalf("after a grant to a client that hung up: held=%v generation %d (holder's %d); want it granted and released",
 			st.Held(), st.Generation, holder.Generation())
 	}
+}
+
+// releaseTo releases holder and checks that the parked waiter w is granted.
+func (ps *parkedService) releaseTo(t *testing.T, holder *fenced.Lease, w *waiter) {
+	t.Helper()
+	if err := holder.Release(testCtx(t)); err != nil {
+		t.Fatal(err)
+	}
+	if resp, b := w.answer(t); resp.StatusCode != 200 {
+		t.Fatalf("the waiter after the release: %d %s", resp.StatusCode, b)
+	}
+	ps.event(t, "answered")
+}
+
+// TestParkedWaiterQueuedGivesUp: a waiter queued behind an earlier one whose wait ends is
+// answered busy (409, applied false, with the holder the earlier waiter last heard of), not
+// outcome unknown: it sent nothing to the database.
+func TestParkedWaiterQueuedGivesUp(t *testing.T) {
+	ps := newParkedService(t)
+	holder := ps.hold(t)
+	first := ps.waitMs(t, 60000)
+	ps.event(t, "parked") // busy answered, and first in line
+	second := ps.waitMs(t, 100)
+	ps.event(t, "parked") // queued behind the first
+	resp, b := second.answer(t)
+	ps.event(t, "answered")
+	var p server.Problem
+	if resp.StatusCode != 409 || json.Unmarshal(b, &p) != nil || p.Type != server.TypeBusy || p.Applied == nil || *p.Applied ||
+		p.Token != holder.Token().String() || p.Resource != parkedResource {
+		t.Fatalf("a queued waiter whose wait ended: %d %s, want 409 busy, not applied, naming %s", resp.StatusCode, b, holder.Token())
+	}
+	ps.metrics(t, map[string]float64{
+		"fenced_waiters": 1,
+		`fenced_wait_seconds_count{result="busy"}`:                            1,
+		`fenced_answers_total{operation="acquire",outcome="busy"}`:            1,
+		`fenced_answers_total{operation="acquire",outcome="outcome-unknown"}`: 0,
+		"fenced_outcomes_unknown_total":                                       0,
+		"fenced_database_errors_total":                                        0,
+	})
+	ps.releaseTo(t, holder, first)
+}
+
+// TestParkedWaiterQueuedGivesUpHolderUnknown: the same while the earlier waiter's first
+// attempt is still with the database: busy without a holder (no token), not "0.0".
+func TestParkedWaiterQueuedGivesUpHolderUnknown(t *testing.T) {
+	ps := newParkedService(t)
+	holder := ps.hold(t)
+	ps.drv.armed.Store(true)
+	first := ps.waitMs(t, 60000)
+	<-ps.drv.attempting // the first waiter's attempt is held at the database
+	second := ps.waitMs(t, 100)
+	ps.event(t, "parked") // the second, queued behind it
+	resp, b := second.answer(t)
+	ps.event(t, "answered")
+	var p map[string]any
+	if resp.StatusCode != 409 || json.Unmarshal(b, &p) != nil || p["type"] != server.TypeBusy || p["applied"] != false ||
+		p["token"] != nil || p["generation"] != nil || p["lease_until"] != nil {
+		t.Fatalf("a queued waiter whose wait ended, no holder known: %d %s, want 409 busy naming no holder", resp.StatusCode, b)
+	}
+	close(ps.drv.open)
+	ps.event(t, "parked") // the first, busy
+	ps.releaseTo(t, holder, first)
 }
 
 // TestParkedWaiterShutdown: StopWaiting answers a parked waiter 503 with Retry-After, and

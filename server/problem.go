@@ -116,9 +116,13 @@ func problemFor(err error, mutation bool) Problem {
 		}
 		return p
 	case errors.As(err, &busy):
-		t := fenced.Token{Epoch: busy.Token.Epoch, Generation: busy.Generation}
-		return Problem{Type: TypeBusy, Status: http.StatusConflict, Title: "resource is busy", Detail: err.Error(),
-			Resource: busy.Resource, Token: t.String(), Epoch: t.Epoch, Generation: t.Generation, LeaseUntil: busy.LeaseUntil.UTC(), Applied: &no}
+		p := Problem{Type: TypeBusy, Status: http.StatusConflict, Title: "resource is busy", Detail: err.Error(),
+			Resource: busy.Resource, Applied: &no}
+		if busy.Generation > 0 { // 0: a wait that ended before any holder was known
+			t := fenced.Token{Epoch: busy.Token.Epoch, Generation: busy.Generation}
+			p.Token, p.Epoch, p.Generation, p.LeaseUntil = t.String(), t.Epoch, t.Generation, busy.LeaseUntil.UTC()
+		}
+		return p
 	case errors.As(err, &dbusy):
 		t := fenced.Token{Epoch: dbusy.Epoch, Generation: dbusy.Generation}
 		return Problem{Type: TypeBusy, Status: http.StatusConflict, Title: "resource is busy", Detail: "resource is busy",

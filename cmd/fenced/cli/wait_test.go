@@ -87,6 +87,34 @@ func TestAcquireWaitInService(t *testing.T) {
 	}
 }
 
+// TestAcquireWaitInServiceQueued: a waiter queued in the service behind an earlier one gives
+// up busy (exit 3), not outcome unknown, and the earlier one still gets the lease.
+func TestAcquireWaitInServiceQueued(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	s := startService(t, "--db", "sqlite:"+filepath.Join(dir, "service.db"))
+	tg := target{t: t, url: s.url, dir: dir}
+	res := "queued in service ü"
+	tg.ok(nil, "provision", res)
+	tg.ok(nil, "epoch", "bump")
+	holder := tg.acquire(res, "1h")
+	got := make(chan result, 1)
+	go func() { got <- runAsync(dir, s.url, "acquire", res, "--ttl", "1m", "--wait", "1m") }()
+	waitForWaiters(t, s.url, 1)
+	msg := tg.fails(cli.ExitBusy, nil, "acquire", res, "--ttl", "1m", "--wait", "300ms")
+	if want := fmt.Sprintf("fenced: gave up waiting for %q after ", res); !strings.HasPrefix(msg, want) {
+		t.Errorf("the queued waiter: %q, want it to start %q", msg, want)
+	}
+	tg.ok(nil, leaseArgs("release", res, holder)...)
+	r := <-got
+	if r.code != 0 {
+		t.Fatalf("the first waiter exited %d: %s", r.code, r.stderr)
+	}
+	if next := decode[leaseOut](t, r.stdout); next.Generation != holder.Generation+1 {
+		t.Fatalf("the holder had %s, the first waiter got %s", holder.Token, next.Token)
+	}
+}
+
 // runAsync runs the binary like runIn, for a goroutine: it reports failures in its result.
 func runAsync(dir, db string, args ...string) result {
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
