@@ -44,10 +44,17 @@ func (s *Server) serveHTTP(w http.ResponseWriter, r *http.Request) {
 		s.mux.ServeHTTP(w, r)
 		return
 	}
+	// Counted before the Hijack, as a parked waiter is: WaitAnswered waits for the loop to end.
+	s.parked.add()
 	conn, brw, err := http.NewResponseController(w).Hijack()
 	if err != nil {
+		s.parked.done()
 		s.mux.ServeHTTP(w, r)
 		return
+	}
+	defer s.parked.done()
+	if s.takenOver != nil {
+		s.takenOver()
 	}
 	var src io.Reader = conn
 	if n := brw.Reader.Buffered(); n > 0 { // pipelined: what net/http read ahead comes first
@@ -72,8 +79,6 @@ func (s *Server) serveHTTP(w http.ResponseWriter, r *http.Request) {
 	l.br = bufio.NewReader(l.src)
 	l.remoteAddr = conn.RemoteAddr().String()
 	r.Body = io.NopCloser(bytes.NewReader(body))
-	s.parked.add() // WaitAnswered waits for the loop to end
-	defer s.parked.done()
 	stop := context.AfterFunc(s.stopping, l.stop)
 	defer stop()
 	if s.hook != nil {

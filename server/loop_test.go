@@ -202,6 +202,16 @@ func loopedClient(t *testing.T, ps *parkedService) *fenced.Store {
 	return client
 }
 
+// A looped connection is counted by WaitAnswered from the moment it is taken over.
+func TestLoopCountedWhenTakenOver(t *testing.T) {
+	ps := newParkedServiceWith(t, &server.Options{SyncConnections: true})
+	pending := ps.pendingWhenTakenOver()
+	loopedClient(t, ps)
+	if !<-pending {
+		t.Fatal("WaitAnswered saw nothing pending just after a connection was taken over by the loop")
+	}
+}
+
 // A waiting acquisition on a looped connection is parked as on net/http's: the loop hands
 // the connection over and the waiter is granted at the release.
 func TestLoopWaiterParked(t *testing.T) {

@@ -44,6 +44,8 @@ type parkedService struct {
 	store  *fenced.Store
 	drv    *gated
 	events chan string
+	// takenOver, when set, runs just after a connection is taken over from net/http.
+	takenOver atomic.Pointer[func()]
 }
 
 const parkedResource = "parked wait ü"
@@ -68,6 +70,11 @@ func newParkedServiceWith(t *testing.T, opts *server.Options) *parkedService {
 	}
 	ps := &parkedService{srv: srv, store: store, drv: g, events: make(chan string, 64)}
 	server.SetHook(srv, func(e string) { ps.events <- e })
+	server.SetTakenOverHook(srv, func() {
+		if f := ps.takenOver.Load(); f != nil {
+			(*f)()
+		}
+	})
 	ps.h = startServerWith(t, store, nil, false)
 	hd := srv.Handler()
 	ps.h.handler.Store(&hd)
@@ -362,6 +369,37 @@ func TestParkedWaiterQueuedGivesUpHolderUnknown(t *testing.T) {
 	close(ps.drv.open)
 	ps.event(t, "parked") // the first, busy
 	ps.releaseTo(t, holder, first)
+}
+
+// pendingWhenTakenOver makes the next connection taken over from net/http report whether
+// WaitAnswered counts it at that moment: http.Server.Shutdown stops waiting for it then.
+func (ps *parkedService) pendingWhenTakenOver() <-chan bool {
+	pending := make(chan bool, 1)
+	f := func() {
+		ctx, cancel := context.WithCancel(context.Background())
+		cancel() // WaitAnswered returns at once: nil when nothing is pending
+		select {
+		case pending <- ps.srv.WaitAnswered(ctx) != nil:
+		default:
+		}
+	}
+	ps.takenOver.Store(&f)
+	return pending
+}
+
+// TestParkedWaiterCountedWhenTakenOver: a waiter is counted by WaitAnswered from the moment
+// its connection is taken over, so that a shutdown between the two does not close the store
+// under it.
+func TestParkedWaiterCountedWhenTakenOver(t *testing.T) {
+	ps := newParkedService(t)
+	holder := ps.hold(t)
+	pending := ps.pendingWhenTakenOver()
+	w := ps.wait(t)
+	ps.event(t, "parked")
+	if !<-pending {
+		t.Fatal("WaitAnswered saw nothing pending just after a waiter's connection was taken over")
+	}
+	ps.releaseTo(t, holder, w)
 }
 
 // TestParkedWaiterShutdown: StopWaiting answers a parked waiter 503 with Retry-After, and

@@ -104,6 +104,9 @@ type Server struct {
 	parked   parkedSet // waiters on connections taken over from net/http
 	// hook, set by tests before the first request, sees the parked waiters' moments.
 	hook func(event string)
+	// takenOver, set by tests before the first request, runs just after a connection has been
+	// taken over from net/http (Hijack), which then no longer tracks it.
+	takenOver func()
 }
 
 // StopWaiting ends every waiting acquisition with 503 shutting-down (Retry-After), and makes

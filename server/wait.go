@@ -198,16 +198,22 @@ func (s *Server) park(rec *recorder, r *http.Request, c *waitCall, handover chan
 	if !c.stopClient() {
 		return false // hung up already: the handler answers (to no one) and releases
 	}
+	// Counted before the Hijack: from it on, http.Server.Shutdown no longer waits for the
+	// connection, and WaitAnswered must not miss it.
+	s.parked.add()
 	conn, brw, err := http.NewResponseController(rec).Hijack()
 	if err != nil {
+		s.parked.done()
 		c.stopClient = context.AfterFunc(r.Context(), func() { c.cancel(errClientGone) })
 		return false
+	}
+	if s.takenOver != nil {
+		s.takenOver()
 	}
 	c.stopClient = nil // it would keep the request's contexts
 	p := &parking{c: c, conn: conn, rec: rec, out: &parkedWriter{requestID: rec.Header().Get(headerRequestID)},
 		method: r.Method, path: r.URL.Path, minor: r.ProtoMinor}
 	rec.ResponseWriter, rec.parked = p.out, true
-	s.parked.add()
 	switch {
 	case r.Context().Err() != nil:
 		c.cancel(errClientGone) // hung up between stopClient and Hijack
