@@ -31,12 +31,13 @@ type serveFlags struct {
 	listen, tokens, cert, key string
 	insecure, logRequests     bool
 	syncConnections           bool
+	maxWait                   time.Duration
 }
 
 func (a *app) serveCmd() *cobra.Command {
 	var f serveFlags
 	cmd := &cobra.Command{
-		Use:   "serve [--listen ADDR] [--tokens FILE] [--tls-cert FILE --tls-key FILE] [--insecure]",
+		Use:   "serve [--listen ADDR] [--tokens FILE] [--tls-cert FILE --tls-key FILE] [--insecure] [--max-wait D]",
 		Short: "Serve the fenced HTTP/JSON API over the database, for programs in any language",
 		Long: `serve answers the fenced API (described at /openapi.json) over the database given by --db,
 until SIGINT or SIGTERM; then requests in flight finish (up to ` + shutdownGrace.String() + `) and it exits.
@@ -60,6 +61,7 @@ The first line on stdout is {"listening": URL} once the service accepts connecti
 	cmd.Flags().StringVar(&f.key, "tls-key", "", "TLS private key file (PEM), with --tls-cert")
 	cmd.Flags().BoolVar(&f.insecure, "insecure", false, "allow plain HTTP on an address beyond loopback")
 	cmd.Flags().BoolVar(&f.syncConnections, "sync-connections", true, "serve the HTTP/1.1 connection of a client that asks for it (the Go remote driver's SyncTransport, which --db http:// uses) on one goroutine after its first request: fewer hand-offs per request; =false serves every request through net/http (docs/SERVICE.md)")
+	cmd.Flags().DurationVar(&f.maxWait, "max-wait", server.DefaultMaxWait, "the longest wait one waiting acquisition may ask for; a client's longer wait is sent again and queues behind the waiters that arrived meanwhile, so set it at least as long as the longest wait clients use")
 	cmd.Flags().BoolVar(&f.logRequests, "log-requests", false, "log every request (request id, operation, status, outcome, duration) on stderr; failures are always logged")
 	return cmd
 }
@@ -85,6 +87,9 @@ func (a *app) serve(cmd *cobra.Command, f serveFlags) error {
 	if !loopbackHost(host) && !useTLS && !f.insecure {
 		return usagef("--listen %s reaches beyond loopback without TLS: give --tls-cert and --tls-key, or --insecure on a network you trust", f.listen)
 	}
+	if f.maxWait <= 0 {
+		return usagef("invalid --max-wait %s: give a positive duration, for example 10m", f.maxWait)
+	}
 	if db := a.dbURL(cmd); strings.HasPrefix(db, "http://") || strings.HasPrefix(db, "https://") {
 		return usagef("serve needs a database URL, not another fenced service")
 	}
@@ -93,7 +98,7 @@ func (a *app) serve(cmd *cobra.Command, f serveFlags) error {
 		level = slog.LevelDebug
 	}
 	opts := &server.Options{Logger: slog.New(slog.NewTextHandler(a.stderr, &slog.HandlerOptions{Level: level})),
-		SyncConnections: f.syncConnections}
+		SyncConnections: f.syncConnections, MaxWait: f.maxWait}
 	if f.tokens != "" {
 		file, err := os.Open(f.tokens)
 		if err != nil {

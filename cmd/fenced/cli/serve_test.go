@@ -107,11 +107,41 @@ func TestServeRefusesUnsafeListening(t *testing.T) {
 		{"serve", "--tls-cert", "c.pem"},
 		{"serve", "--tokens", filepath.Join(dir, "missing")},
 		{"serve", "--db", "http://127.0.0.1:1"},
+		{"serve", "--max-wait", "0s"},
 		{"serve-token", "n", "--role", "owner", "--prefix", "x"},
 		{"serve-token", "n", "--role", "admin", "--prefix", "x/"},
 		{"serve-token", "n", "--role", "worker"},
 	} {
 		tg.fails(cli.ExitUsage, nil, args...)
+	}
+}
+
+// TestServeMaxWait: --max-wait is the service's limit on one wait, as /v1/info reports it and
+// as a waiting acquisition finds it.
+func TestServeMaxWait(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	s := startService(t, "--db", "sqlite:"+filepath.Join(dir, "service.db"), "--max-wait", "2h")
+	resp, err := http.Get(s.url + "/v1/info")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	var info server.Info
+	if err := json.NewDecoder(resp.Body).Decode(&info); err != nil || time.Duration(info.MaxWait)*time.Millisecond != 2*time.Hour {
+		t.Fatalf("/v1/info with --max-wait 2h: max_wait_ms %v, %v", info.MaxWait, err)
+	}
+	tg := target{t: t, url: s.url, dir: dir}
+	tg.ok(nil, "provision", "r")
+	// Longer than the default limit, so invalid (400) without the flag; free, so granted at once.
+	a, err := http.Post(s.url+"/v1/resources/r/acquire", "application/json", strings.NewReader(`{"ttl_ms":60000,"wait_ms":3600000}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer a.Body.Close()
+	if a.StatusCode != http.StatusOK {
+		b, _ := io.ReadAll(a.Body)
+		t.Fatalf("a wait of 1h with --max-wait 2h: %d %s", a.StatusCode, b)
 	}
 }
 
