@@ -298,7 +298,8 @@ const maxEngineWait = 24 * time.Hour
 // acquireWaitInEngine is acquireWaitTurn for a driver that waits itself (driver.Waiter: a
 // fenced service). Each call asks the engine to wait until ctx's deadline (at most the
 // engine's limit) and is repeated while ctx allows, so the waiter does not give up before its
-// own deadline: the engine's answer comes at or after it. The request runs past that deadline
+// own deadline: the engine's answer comes at or after it. A repeated call queues again in the
+// engine, behind the waiters that arrived meanwhile (docs/SERVICE.md, Waiting). The request runs past that deadline
 // by at most Config.ReleaseTimeout, so that a grant at the deadline is returned rather than
 // made unknown; a cancellation of ctx (not its deadline) ends the request at once, and the
 // engine, seeing its client gone, leaves its queue and releases a lease granted too late.

@@ -485,7 +485,8 @@ func (d *Driver) Acquire(ctx context.Context, resource, owner string, ttl time.D
 // AcquireWait sends the acquisition with wait_ms, so that the service waits for the resource
 // in its own queue (first come, first served among its waiters), at most the service's limit
 // on one wait (max_wait_ms of /v1/info, asked once). An acquisition that waited is answered
-// on a connection the service then closes.
+// on a connection the service then closes. fenced.Store.AcquireWait sends a longer wait again,
+// and that request joins the back of the service's queue.
 func (d *Driver) AcquireWait(ctx context.Context, resource, owner string, ttl, wait time.Duration) (driver.Grant, error) {
 	limit := time.Duration(d.maxWait.Load())
 	if limit == 0 {
