@@ -15,6 +15,18 @@ var ErrStale = errors.New("stale fencing token")
 // for it): nothing was changed. It is a configuration error, not a fence.
 var ErrUnknownResource = errors.New("unknown resource")
 
+// CheckToken returns an error matching ErrMalformed unless token is one a lease store could
+// have issued: epoch and generation both at least 1, as fenced.ParseToken reads them. A
+// destination calls it before sending anything, so that the zero Token or a negative part is
+// refused as malformed rather than compared with the stored token, and is never recorded
+// where a later reading would fail on it.
+func CheckToken(token fenced.Token) error {
+	if token.Epoch < 1 || token.Generation < 1 {
+		return fmt.Errorf("token %s is not a lease's token (its epoch and generation start at 1): %w", token, ErrMalformed)
+	}
+	return nil
+}
+
 // StaleError is a refusal by the destination: Current is newer than Token. Current was read
 // after the refusal and is advisory (zero if it could not be read). A StaleError is a value:
 // safe to share once returned.

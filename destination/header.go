@@ -21,7 +21,7 @@ import (
 // several Fencing-Token values is malformed.
 const Header = "Fencing-Token"
 
-// ErrMalformed matches every *HeaderError.
+// ErrMalformed matches every *HeaderError and CheckToken's errors.
 var ErrMalformed = errors.New("malformed fencing token")
 
 // HeaderError says what is wrong with a Fencing-Token value. It matches ErrMalformed.

@@ -20,7 +20,9 @@
 //
 // What is protected: that blob, through these types. No other object, and no write made with
 // the storage account's credentials without them (anyone holding the key can break a lease).
-// Do not mix the two variants on one blob.
+// Do not mix the two variants on one blob. Both refuse a token no lease store issues (an epoch
+// or a generation below 1) before sending anything, with an error matching
+// destination.ErrMalformed.
 //
 // # The Azure lease duration
 //

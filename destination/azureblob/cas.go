@@ -11,6 +11,7 @@ import (
 	"github.com/Azure/azure-sdk-for-go/sdk/storage/azblob/blockblob"
 	"github.com/Azure/azure-sdk-for-go/sdk/storage/azblob/container"
 	"github.com/fenced-dev/fenced"
+	"github.com/fenced-dev/fenced/destination"
 )
 
 // CAS fences blobs of one container by compare-and-swap on the ETag alone (see the package
@@ -55,6 +56,9 @@ func (c *CAS) swap(ctx context.Context, op, resource string, token fenced.Token,
 	bc, err := c.blob(resource)
 	if err != nil {
 		return err
+	}
+	if err := destination.CheckToken(token); err != nil {
+		return fmt.Errorf("%s %q: %w", op, resource, err)
 	}
 	for range maxAttempts {
 		p, cur, err := c.props(ctx, bc)

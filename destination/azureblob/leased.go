@@ -16,6 +16,7 @@ import (
 	"github.com/Azure/azure-sdk-for-go/sdk/storage/azblob/container"
 	"github.com/Azure/azure-sdk-for-go/sdk/storage/azblob/lease"
 	"github.com/fenced-dev/fenced"
+	"github.com/fenced-dev/fenced/destination"
 )
 
 // Leased fences blobs of one container with Azure's blob lease (see the package comment). It
@@ -107,6 +108,9 @@ func (l *Leased) FenceOwner(ctx context.Context, resource, owner string, token f
 	if err := fenced.ValidateOwner(owner); err != nil {
 		return err
 	}
+	if err := destination.CheckToken(token); err != nil {
+		return err
+	}
 	id := deriveLeaseID(resource, owner, token)
 	key := etagKey{bc.URL(), id, token}
 	lc, err := lease.NewBlobClient(bc, &lease.BlobClientOptions{LeaseID: to.Ptr(id)})
@@ -186,6 +190,9 @@ func (l *Leased) Write(ctx context.Context, resource, owner string, token fenced
 		return err
 	}
 	if err := fenced.ValidateOwner(owner); err != nil {
+		return fmt.Errorf("write %q: %w", resource, err)
+	}
+	if err := destination.CheckToken(token); err != nil {
 		return fmt.Errorf("write %q: %w", resource, err)
 	}
 	id := deriveLeaseID(resource, owner, token)

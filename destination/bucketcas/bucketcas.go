@@ -20,7 +20,9 @@
 //
 // A fence rewrites the object (content unchanged, the new token in metadata): object stores
 // cannot change metadata without a new version. It costs a read and an upload of the whole
-// object. A missing object is created empty.
+// object. A missing object is created empty. A token no lease store issues (an epoch or a
+// generation below 1) is refused before anything is sent, with an error matching
+// destination.ErrMalformed.
 //
 // What is protected: that object, written through a CAS, from the moment a successor's Fence
 // or Write returns. Not other objects, not writers that ignore the metadata, and not the
@@ -232,6 +234,9 @@ func (c *CAS) swap(ctx context.Context, op, resource string, token fenced.Token,
 	content func(key string, v version) ([]byte, error)) error {
 	key, err := c.key(resource)
 	if err != nil {
+		return err
+	}
+	if err := destination.CheckToken(token); err != nil {
 		return err
 	}
 	for range maxAttempts {

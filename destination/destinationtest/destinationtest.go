@@ -62,6 +62,26 @@ func Run(t *testing.T, newHarness func(t *testing.T) Harness) {
 	}
 }
 
+// BadTokens are tokens no lease store issues: the zero Token, and tokens with a zero or
+// negative epoch or generation.
+var BadTokens = []fenced.Token{{}, {Epoch: 0, Generation: 4}, {Epoch: Epoch, Generation: 0},
+	{Epoch: -1, Generation: 4}, {Epoch: Epoch, Generation: -1}}
+
+// RefuseBadTokens fences and writes resource through h with each of BadTokens and fails the
+// test unless every call is refused with an error matching destination.ErrMalformed. It does
+// not look at the destination: the caller checks that nothing changed.
+func RefuseBadTokens(t *testing.T, ctx context.Context, h Harness, resource string) {
+	t.Helper()
+	for _, bad := range BadTokens {
+		if err := h.Fencer.Fence(ctx, resource, bad); !errors.Is(err, destination.ErrMalformed) {
+			t.Fatalf("fence %q with %s: %v, want destination.ErrMalformed", resource, bad, err)
+		}
+		if err := h.Write(ctx, resource, bad, []byte("bad")); !errors.Is(err, destination.ErrMalformed) {
+			t.Fatalf("write %q with %s: %v, want destination.ErrMalformed", resource, bad, err)
+		}
+	}
+}
+
 func provision(t *testing.T, ctx context.Context, h Harness, resource string) {
 	t.Helper()
 	if h.Provision != nil {
