@@ -269,7 +269,7 @@ func (f *runArtifactFlags) add(cmd *cobra.Command) {
 
 // runArtifact is run --artifact: the store is opened before the lease is taken, so that a bad
 // store URL costs no generation.
-func (a *app) runArtifact(cmd *cobra.Command, args []string, opts *fenced.RunOptions, grace time.Duration, f *runArtifactFlags) error {
+func (a *app) runArtifact(cmd *cobra.Command, args []string, opts *fenced.RunOptions, grace time.Duration, azureLease bool, f *runArtifactFlags) error {
 	b, storeURL, err := a.openBucket(cmd, f.store)
 	if err != nil {
 		return err
@@ -281,7 +281,7 @@ func (a *app) runArtifact(cmd *cobra.Command, args []string, opts *fenced.RunOpt
 	}
 	defer s.Close()
 	build := artifact.Build(b, func(ctx context.Context, l *fenced.Lease, w io.Writer) error {
-		return a.runCommandTo(ctx, l, args[1:], grace, w)
+		return a.runCommandTo(ctx, l, args[1:], grace, azureLease, w)
 	}, artifact.WithContentType(f.contentType))
 	var p artifact.Pointer
 	res, err := fenced.Run(cmd.Context(), s, args[0], opts,

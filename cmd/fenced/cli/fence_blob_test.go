@@ -10,6 +10,11 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/Azure/azure-sdk-for-go/sdk/azcore/streaming"
+	"github.com/Azure/azure-sdk-for-go/sdk/azcore/to"
+	"github.com/Azure/azure-sdk-for-go/sdk/storage/azblob/blob"
+	"github.com/Azure/azure-sdk-for-go/sdk/storage/azblob/bloberror"
+	"github.com/Azure/azure-sdk-for-go/sdk/storage/azblob/blockblob"
 	"github.com/Azure/azure-sdk-for-go/sdk/storage/azblob/container"
 	"github.com/fsouza/fake-gcs-server/fakestorage"
 	"gocloud.dev/blob/gcsblob"
@@ -38,9 +43,20 @@ type runOut struct {
 
 func runFenced(t *testing.T, tg target, env []string, fence, res string) (owner string, token fenced.Token) {
 	t.Helper()
-	r := runEnv(t, tg, env, "run", res, "--ttl", "30s", "--fence", fence, "--", "true")
+	return runFencedCommand(t, tg, env, res, []string{fence}, "true")
+}
+
+// runFencedCommand runs argv under res's lease with each of fences and returns the run's owner
+// and token.
+func runFencedCommand(t *testing.T, tg target, env []string, res string, fences []string, argv ...string) (owner string, token fenced.Token) {
+	t.Helper()
+	args := []string{"run", res, "--ttl", "30s"}
+	for _, f := range fences {
+		args = append(args, "--fence", f)
+	}
+	r := runEnv(t, tg, env, append(append(args, "--"), argv...)...)
 	if r.code != 0 {
-		t.Fatalf("run --fence %s: exit %d: %s", fence, r.code, r.stderr)
+		t.Fatalf("run --fence %s: exit %d: %s", strings.Join(fences, " --fence "), r.code, r.stderr)
 	}
 	var out runOut
 	if err := json.Unmarshal(r.stdout, &out); err != nil {
@@ -79,6 +95,68 @@ func TestRunFenceAzureBlob(t *testing.T) {
 	}
 	if data, got, _ := blob.Read(ctx, res); got != token2 || string(data) != "first\x00run" {
 		t.Fatalf("blob %q with token %s, want the first run's data under %s", data, got, token2)
+	}
+}
+
+// run --fence azblob://… gives the command the blob lease ID it holds, FENCED_AZURE_LEASE_ID, so
+// that a write from outside Go (here the test's own Azure client, with the value the command
+// printed) is accepted by Azure; after a successor's run, a write presenting the earlier lease
+// ID is refused by Azure itself. Two lease-mode destinations share the one value. A run that
+// fences no blob in lease mode does not set it, even when fenced run inherited one.
+func TestRunFenceAzureBlobLeaseIDForCommand(t *testing.T) {
+	tg := runTarget(t)
+	const res = "nightly job ü; v2"
+	tg.ok(nil, "provision", res)
+	tg.ok(nil, "epoch", "bump")
+	c, params, env := azuriteFence(t)
+	env = append(env, "FENCED_AZURE_LEASE_ID=inherited-from-outside")
+	ctx := context.Background()
+	fenceA := "azblob://" + azuritetest.Name(c) + "?prefix=a/&" + params
+	fenceB := "azblob://" + azuritetest.Name(c) + "?prefix=b/&" + params
+	// run runs the command under the fences and returns the run's owner and token and what the
+	// command printed (its published output).
+	run := func(fences ...string) (owner string, token fenced.Token, printed string) {
+		t.Helper()
+		owner, token = runFencedCommand(t, tg, env, res, fences, "sh", "-c", `printf %s "${FENCED_AZURE_LEASE_ID-unset}"`)
+		return owner, token, string(tg.ok(nil, "get", res))
+	}
+	upload := func(name, leaseID string, token fenced.Token, data string) error {
+		_, err := c.NewBlockBlobClient(name).Upload(ctx, streaming.NopCloser(strings.NewReader(data)), &blockblob.UploadOptions{
+			Metadata:         map[string]*string{azureblob.MetadataKey: to.Ptr(token.String())},
+			AccessConditions: &blob.AccessConditions{LeaseAccessConditions: &blob.LeaseAccessConditions{LeaseID: to.Ptr(leaseID)}}})
+		return err
+	}
+
+	owner1, token1, id1 := run(fenceA, fenceB)
+	if want := azureblob.LeaseID(res, owner1); id1 != want {
+		t.Fatalf("the command saw FENCED_AZURE_LEASE_ID %q, want azureblob.LeaseID(resource, owner) %q", id1, want)
+	}
+	for _, b := range []string{"a/" + res, "b/" + res} {
+		if err := upload(b, id1, token1, "first"); err != nil {
+			t.Fatalf("an upload of %s with the lease ID the command saw: %v", b, err)
+		}
+	}
+	leased := azureblob.NewLeased(c, &azureblob.Options{Prefix: "a/"})
+	if data, got, err := leased.Read(ctx, res); err != nil || string(data) != "first" || got != token1 {
+		t.Fatalf("blob %q under %s (%v), want the upload under %s", data, got, err, token1)
+	}
+
+	owner2, token2, id2 := run(fenceA)
+	if want := azureblob.LeaseID(res, owner2); id2 != want || id2 == id1 {
+		t.Fatalf("the successor's command saw %q, want %q (and not the first run's)", id2, want)
+	}
+	if err := upload("a/"+res, id1, token1, "late"); !bloberror.HasCode(err, bloberror.LeaseIDMismatchWithBlobOperation) {
+		t.Fatalf("an upload with the first run's lease ID after the successor fenced: %v, want LeaseIdMismatchWithBlobOperation", err)
+	}
+	if err := upload("a/"+res, id2, token2, "second"); err != nil {
+		t.Fatalf("an upload with the successor's lease ID: %v", err)
+	}
+	if data, got, err := leased.Read(ctx, res); err != nil || string(data) != "second" || got != token2 {
+		t.Fatalf("blob %q under %s (%v), want the successor's upload under %s", data, got, err, token2)
+	}
+
+	if _, _, id := run("azblob://" + azuritetest.Name(c) + "?prefix=c/&mode=cas&" + params); id != "unset" {
+		t.Fatalf("a run with no lease-mode blob gave the command FENCED_AZURE_LEASE_ID=%q", id)
 	}
 }
 

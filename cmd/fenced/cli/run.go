@@ -9,6 +9,7 @@ import (
 	"os"
 	"os/exec"
 	"strconv"
+	"strings"
 	"syscall"
 	"time"
 
@@ -16,6 +17,7 @@ import (
 
 	"github.com/fenced-dev/fenced"
 	"github.com/fenced-dev/fenced/destination"
+	"github.com/fenced-dev/fenced/destination/azureblob"
 )
 
 // commandExit is a wrapped command that exited unsuccessfully: fenced run passes its code on.
@@ -50,6 +52,9 @@ through. The environment names the lease as acquire prints it:
   FENCED_GENERATION  the token's generation
   FENCED_TOKEN_HEADER  the value of a Fencing-Token header for a participating service:
       curl -X PUT -H "Fencing-Token: $FENCED_TOKEN_HEADER" --data-binary @out URL
+  FENCED_AZURE_LEASE_ID  set only with --fence azblob:// in lease mode: the blob lease ID
+                     this acquisition holds, azureblob.LeaseID(RESOURCE, FENCED_OWNER); one
+                     value for every such destination, as it derives from these two alone
 
 With --fence URL (repeatable) each destination is fenced right after acquiring and before
 COMMAND starts, so that it refuses the previous holder's delayed writes:
@@ -57,11 +62,23 @@ COMMAND starts, so that it refuses the previous holder's delayed writes:
   http(s)://HOST/PATH   a participating service: POST URL with the header (destination/gate)
   azblob://CONTAINER[?prefix=P]
                         the blob P+RESOURCE: the previous holder's blob lease is broken and
-                        this acquisition's taken (destination/azureblob); the command writes
-                        with lease ID azureblob.LeaseID(RESOURCE, FENCED_OWNER)
+                        this acquisition's taken (destination/azureblob). Azure then refuses
+                        every write to the blob that does not present the lease ID (header
+                        x-ms-lease-id). Each write must also keep the token in the blob's
+                        metadata (x-ms-meta-fencedtoken), which a later fence compares:
+      az storage blob upload --container-name CONTAINER --name "P$FENCED_RESOURCE" \
+        --file out --overwrite --lease-id "$FENCED_AZURE_LEASE_ID" \
+        --metadata "fencedtoken=$FENCED_TOKEN"
   azblob://CONTAINER?mode=cas[&prefix=P], gs://BUCKET[?prefix=P]
                         the object P+RESOURCE: the token in its metadata, raised by a
-                        conditional rewrite (destination/bucketcas)
+                        conditional rewrite (destination/bucketcas). The store checks no
+                        token by itself: a plain upload from the command is not fenced.
+                        Each write must do what bucketcas.CAS.Write does (or call it from
+                        Go): read the object's fencedtoken metadata and its ETag (GCS: its
+                        generation), stop if that token is newer than FENCED_TOKEN, upload
+                        with If-Match on that ETag (GCS: ifGenerationMatch) and
+                        fencedtoken=FENCED_TOKEN in the metadata, and start over when the
+                        condition fails.
 
 azblob:// and gs:// take gocloud.dev's parameters and environment (AZURE_STORAGE_ACCOUNT,
 AZURE_STORAGE_KEY, Google's default credentials). s3:// and any other URL are refused before
@@ -98,16 +115,18 @@ artifact store, and the payload published is a pointer to it.`,
 				return usagef("invalid --grace %s: it must be positive", grace)
 			}
 			var dests []fenced.Fencer
+			azureLease := false
 			for _, raw := range fences {
-				f, release, err := openFence(cmd.Context(), raw)
+				f, leased, release, err := openFence(cmd.Context(), raw)
 				if err != nil {
 					return err
 				}
 				defer release()
 				dests = append(dests, f)
+				azureLease = azureLease || leased
 			}
 			if art.on {
-				return a.runArtifact(cmd, args, &fenced.RunOptions{TTL: d, Renew: renew, Fence: dests, Wait: wait}, grace, &art)
+				return a.runArtifact(cmd, args, &fenced.RunOptions{TTL: d, Renew: renew, Fence: dests, Wait: wait}, grace, azureLease, &art)
 			}
 			s, err := a.open(cmd)
 			if err != nil {
@@ -116,7 +135,7 @@ artifact store, and the payload published is a pointer to it.`,
 			defer s.Close()
 			res, err := fenced.Run(cmd.Context(), s, args[0], &fenced.RunOptions{TTL: d, Renew: renew, Fence: dests, Wait: wait},
 				func(ctx context.Context, l *fenced.Lease) ([]byte, error) {
-					return a.runCommand(ctx, l, args[1:], grace, s.MaxPayloadBytes())
+					return a.runCommand(ctx, l, args[1:], grace, azureLease, s.MaxPayloadBytes())
 				})
 			if err != nil {
 				return err
@@ -138,9 +157,10 @@ artifact store, and the payload published is a pointer to it.`,
 
 // runCommand runs argv with the lease in its environment and returns its standard output.
 // When ctx ends (the lease is lost) the process group gets SIGTERM, then SIGKILL after grace.
-func (a *app) runCommand(ctx context.Context, l *fenced.Lease, argv []string, grace time.Duration, limit int) ([]byte, error) {
+// azureLease adds the Azure blob lease ID to the environment.
+func (a *app) runCommand(ctx context.Context, l *fenced.Lease, argv []string, grace time.Duration, azureLease bool, limit int) ([]byte, error) {
 	out := &limitedBuffer{limit: limit}
-	if err := a.runCommandTo(ctx, l, argv, grace, out); err != nil {
+	if err := a.runCommandTo(ctx, l, argv, grace, azureLease, out); err != nil {
 		return nil, err
 	}
 	if out.over {
@@ -150,15 +170,9 @@ func (a *app) runCommand(ctx context.Context, l *fenced.Lease, argv []string, gr
 }
 
 // runCommandTo runs argv with the lease in its environment, its standard output going to out.
-func (a *app) runCommandTo(ctx context.Context, l *fenced.Lease, argv []string, grace time.Duration, out io.Writer) error {
+func (a *app) runCommandTo(ctx context.Context, l *fenced.Lease, argv []string, grace time.Duration, azureLease bool, out io.Writer) error {
 	c := exec.Command(argv[0], argv[1:]...)
-	c.Env = append(os.Environ(),
-		"FENCED_RESOURCE="+l.Resource(),
-		"FENCED_OWNER="+l.Owner(),
-		"FENCED_TOKEN="+l.Token().String(),
-		"FENCED_EPOCH="+strconv.FormatInt(l.Epoch(), 10),
-		"FENCED_GENERATION="+strconv.FormatInt(l.Generation(), 10),
-		"FENCED_TOKEN_HEADER="+destination.FormatHeader(l.Resource(), l.Token()))
+	c.Env = commandEnv(l, azureLease)
 	c.Stdin, c.Stderr = a.stdin, a.stderr
 	c.Stdout = out
 	c.SysProcAttr = commandProcAttr()
@@ -203,6 +217,34 @@ func (a *app) runCommandTo(ctx context.Context, l *fenced.Lease, argv []string, 
 		return fmt.Errorf("run %s: %w", argv[0], err)
 	}
 	return nil
+}
+
+// azureLeaseIDVar holds the Azure blob lease ID of the acquisition, set only when an azblob://
+// destination was fenced in lease mode. The ID derives from the resource and the owner alone,
+// so it is one value for every such destination of the run.
+const azureLeaseIDVar = "FENCED_AZURE_LEASE_ID"
+
+// commandEnv is this process's environment with the lease's variables set, and without an
+// inherited FENCED_AZURE_LEASE_ID (a fenced run inside another's command) that this run does
+// not set: another acquisition's lease ID is never passed on.
+func commandEnv(l *fenced.Lease, azureLease bool) []string {
+	var env []string
+	for _, kv := range os.Environ() {
+		if !strings.HasPrefix(kv, azureLeaseIDVar+"=") {
+			env = append(env, kv)
+		}
+	}
+	env = append(env,
+		"FENCED_RESOURCE="+l.Resource(),
+		"FENCED_OWNER="+l.Owner(),
+		"FENCED_TOKEN="+l.Token().String(),
+		"FENCED_EPOCH="+strconv.FormatInt(l.Epoch(), 10),
+		"FENCED_GENERATION="+strconv.FormatInt(l.Generation(), 10),
+		"FENCED_TOKEN_HEADER="+destination.FormatHeader(l.Resource(), l.Token()))
+	if azureLease {
+		env = append(env, azureLeaseIDVar+"="+azureblob.LeaseID(l.Resource(), l.Owner()))
+	}
+	return env
 }
 
 // limitedBuffer keeps up to limit bytes and notes whether more arrived; it keeps accepting
