@@ -21,6 +21,15 @@ import (
 // several Fencing-Token values is malformed.
 const Header = "Fencing-Token"
 
+// MarkHeader is how a fenced gate confirms a fence (destination/gate's FenceHandler): its
+// answer carries the resource and the mark now stored, in Header's syntax,
+//
+//	Fencing-Mark: <resource>; <epoch>.<generation>
+//
+// Remote requires it, so that a server answering 2xx to any POST (a catch-all route, a proxy's
+// error page) is not taken for a fence.
+const MarkHeader = "Fencing-Mark"
+
 // ErrMalformed matches every *HeaderError and CheckToken's errors.
 var ErrMalformed = errors.New("malformed fencing token")
 

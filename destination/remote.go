@@ -12,8 +12,10 @@ import (
 )
 
 // Remote fences a participating service over HTTP: Fence sends POST URL with the
-// Fencing-Token header, which the service answers with 2xx once it has raised its mark (the
-// gate package's FenceHandler does this). 409 is a stale token (*StaleError, with the
+// Fencing-Token header, which the service answers with 2xx once it has raised its mark,
+// confirmed by the Fencing-Mark header (MarkHeader) naming the resource and a mark at least
+// the token sent (the gate package's FenceHandler does this). A 2xx without that confirmation
+// is an error: a catch-all route or a proxy may answer 200 to any POST. 409 is a stale token (*StaleError, with the
 // service's current mark if its problem body names it), 422 an unknown resource, 400 a
 // malformed token; any other answer is an error. A Remote is safe for concurrent use.
 type Remote struct {
@@ -45,7 +47,7 @@ func (f *Remote) Fence(ctx context.Context, resource string, token fenced.Token)
 	_ = json.Unmarshal(body, &p)
 	switch {
 	case resp.StatusCode >= 200 && resp.StatusCode < 300:
-		return nil
+		return f.confirmed(resp.Header, resource, token)
 	case resp.StatusCode == http.StatusConflict:
 		e := &StaleError{Resource: resource, Token: token}
 		if cur, err := fenced.ParseToken(p.Current); err == nil {
@@ -58,4 +60,26 @@ func (f *Remote) Fence(ctx context.Context, resource string, token fenced.Token)
 		return fmt.Errorf("the fence service at %s: %w: %s", f.URL, ErrMalformed, p.Detail)
 	}
 	return fmt.Errorf("the fence service at %s answered %s: %s", f.URL, resp.Status, bytes.TrimSpace(body))
+}
+
+// confirmed checks the Fencing-Mark header of a 2xx answer: one value, for resource, naming a
+// mark not older than token.
+func (f *Remote) confirmed(h http.Header, resource string, token fenced.Token) error {
+	vs := h.Values(MarkHeader)
+	if len(vs) == 0 {
+		return fmt.Errorf("%s did not confirm the fence (no %s in its answer): is it a fenced gate?", f.URL, MarkHeader)
+	}
+	if len(vs) > 1 {
+		return fmt.Errorf("%s did not confirm the fence (%d %s values in its answer, want one): is it a fenced gate?", f.URL, len(vs), MarkHeader)
+	}
+	r, mark, err := ParseHeader(vs[0])
+	switch {
+	case err != nil:
+		return fmt.Errorf("%s did not confirm the fence (its %s %q does not parse): is it a fenced gate?", f.URL, MarkHeader, vs[0])
+	case r != resource:
+		return fmt.Errorf("%s confirmed a fence of %q, not of %q: is the URL the gate of this resource?", f.URL, r, resource)
+	case mark.Compare(token) < 0:
+		return fmt.Errorf("%s confirmed the mark %s for %q, older than the token %s it was sent: the fence did not take", f.URL, mark, resource, token)
+	}
+	return nil
 }

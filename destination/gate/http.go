@@ -146,8 +146,10 @@ func (b *bufferedWriter) flush(w http.ResponseWriter) {
 }
 
 // FenceHandler answers a holder's fence on acquisition (destination.Remote): it raises the
-// mark of the Fencing-Token's resource to its token and answers 204, or refuses like Handler
-// (400, 409, 422) leaving the mark unchanged. Mount it on a path of its own, POST only.
+// mark of the Fencing-Token's resource to its token and answers 204 with the Fencing-Mark
+// header (destination.MarkHeader) naming the resource and that mark, which Remote requires as
+// proof that a gate fenced; or it refuses like Handler (400, 409, 422) leaving the mark
+// unchanged. Mount it on a path of its own, POST only.
 func (g *Gate) FenceHandler() http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		resource, token, err := destination.FromRequest(r)
@@ -158,6 +160,8 @@ func (g *Gate) FenceHandler() http.Handler {
 			WriteProblem(w, resource, token, err)
 			return
 		}
+		// The statement left the mark at token: it raised it there or found it equal.
+		w.Header().Set(destination.MarkHeader, destination.FormatHeader(resource, token))
 		w.WriteHeader(http.StatusNoContent)
 	})
 }
