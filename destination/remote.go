@@ -4,9 +4,11 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"net/http"
+	"time"
 
 	"github.com/fenced-dev/fenced"
 )
@@ -21,10 +23,21 @@ import (
 type Remote struct {
 	URL    string
 	Client *http.Client // default http.DefaultClient
+	// Timeout bounds each Fence, answer included; default none beyond ctx's. A holder fences
+	// before its renewals start, so a service that never answers would otherwise hold it
+	// while its lease runs out.
+	Timeout time.Duration
 }
+
+var errFenceTimeout = errors.New("the fence timed out")
 
 // Fence implements fenced.Fencer.
 func (f *Remote) Fence(ctx context.Context, resource string, token fenced.Token) error {
+	if f.Timeout > 0 {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeoutCause(ctx, f.Timeout, errFenceTimeout)
+		defer cancel()
+	}
 	req, err := http.NewRequestWithContext(ctx, http.MethodPost, f.URL, nil)
 	if err != nil {
 		return fmt.Errorf("the fence service URL %s: %w", f.URL, err)
@@ -36,6 +49,9 @@ func (f *Remote) Fence(ctx context.Context, resource string, token fenced.Token)
 	}
 	resp, err := c.Do(req)
 	if err != nil {
+		if context.Cause(ctx) == errFenceTimeout {
+			return fmt.Errorf("the fence service at %s did not answer within %s: %w", f.URL, f.Timeout, context.DeadlineExceeded)
+		}
 		return fmt.Errorf("the fence service at %s: %w", f.URL, err)
 	}
 	defer resp.Body.Close()

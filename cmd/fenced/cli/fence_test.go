@@ -3,6 +3,7 @@ package cli_test
 import (
 	"context"
 	"database/sql"
+	"net/http"
 	"net/http/httptest"
 	"os"
 	"path/filepath"
@@ -10,6 +11,7 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/fenced-dev/fenced"
 	"github.com/fenced-dev/fenced/destination"
@@ -105,6 +107,34 @@ func TestRunFenceRefused(t *testing.T) {
 		if st := tg.show("job"); st.Held {
 			t.Fatalf("%s: the lease was kept", c.name)
 		}
+	}
+}
+
+// A fence service that never answers stops the command with a clear error once the fence's
+// bound, min(TTL/2, 30s), has passed, well before the lease would expire: the fence runs
+// before the renewals start.
+func TestRunFenceHungService(t *testing.T) {
+	tg := runTarget(t)
+	marker := filepath.Join(tg.dir, "ran")
+	hung := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		<-r.Context().Done() // never answers; returns when the client gives up
+	}))
+	t.Cleanup(hung.Close)
+	const ttl = 4 * time.Second
+	start := time.Now()
+	stderr := tg.fails(1, nil, "run", "job", "--ttl", ttl.String(), "--fence", hung.URL, "--", "touch", marker)
+	took := time.Since(start)
+	if want := "the fence service at " + hung.URL + " did not answer within 2s"; !strings.Contains(stderr, want) {
+		t.Errorf("stderr %q does not say %q", stderr, want)
+	}
+	if took >= ttl {
+		t.Errorf("fenced run took %s, the lease's TTL is %s", took, ttl)
+	}
+	if _, err := os.Stat(marker); err == nil {
+		t.Fatal("the command ran")
+	}
+	if st := tg.show("job"); st.Held {
+		t.Fatal("the lease was kept")
 	}
 }
 

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net/url"
 	"strings"
+	"time"
 
 	"github.com/Azure/azure-sdk-for-go/sdk/azcore"
 	"github.com/Azure/azure-sdk-for-go/sdk/storage/azblob/container"
@@ -20,11 +21,19 @@ import (
 // fenceURLHelp says which --fence URLs name a destination that can be fenced.
 const fenceURLHelp = `http(s)://… (a participating service's fence endpoint), azblob://CONTAINER[?prefix=P][&mode=cas] (the blob P+RESOURCE, by Azure's blob lease, or by ETag compare-and-swap with mode=cas) or gs://BUCKET[?prefix=P] (the object P+RESOURCE, by generation compare-and-swap)`
 
-// openFence opens one --fence URL. It checks the URL only: nothing is contacted until the
-// fence itself, right after acquiring. azureLease says that f takes an Azure blob lease
-// (azblob:// in the default mode), whose ID the command needs for its writes. release frees
-// what it opened.
-func openFence(ctx context.Context, raw string) (f fenced.Fencer, azureLease bool, release func(), err error) {
+// maxFenceWait bounds a participating service's answer to a fence (see fenceTimeout).
+const maxFenceWait = 30 * time.Second
+
+// fenceTimeout is how long a participating service gets to answer a fence for a lease of ttl:
+// half the TTL, at most maxFenceWait. The fence runs before the renewals start, so a service
+// that hangs must not hold the holder past its trust window (at least ttl less a tenth of it).
+func fenceTimeout(ttl time.Duration) time.Duration { return min(ttl/2, maxFenceWait) }
+
+// openFence opens one --fence URL for a lease of ttl. It checks the URL only: nothing is
+// contacted until the fence itself, right after acquiring. azureLease says that f takes an
+// Azure blob lease (azblob:// in the default mode), whose ID the command needs for its writes.
+// release frees what it opened.
+func openFence(ctx context.Context, raw string, ttl time.Duration) (f fenced.Fencer, azureLease bool, release func(), err error) {
 	u, err := url.Parse(raw)
 	if err != nil {
 		return nil, false, nil, usagef("invalid --fence %q: it does not parse; want %s", raw, fenceURLHelp)
@@ -38,7 +47,7 @@ func openFence(ctx context.Context, raw string) (f fenced.Fencer, azureLease boo
 		if u.Host == "" {
 			break
 		}
-		return &destination.Remote{URL: raw}, false, func() {}, nil
+		return &destination.Remote{URL: raw, Timeout: fenceTimeout(ttl)}, false, func() {}, nil
 	case "s3":
 		return nil, false, nil, usagef("--fence %q: an S3 object cannot be fenced: S3's ETag is the MD5 of the content, so a conditional write cannot tell a fence that kept the content from no change (see destination/bucketcas)", raw)
 	case "azblob", "gs":

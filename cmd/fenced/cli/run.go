@@ -59,7 +59,8 @@ through. The environment names the lease as acquire prints it:
 With --fence URL (repeatable) each destination is fenced right after acquiring and before
 COMMAND starts, so that it refuses the previous holder's delayed writes:
 
-  http(s)://HOST/PATH   a participating service: POST URL with the header (destination/gate)
+  http(s)://HOST/PATH   a participating service: POST URL with the header (destination/gate),
+                        which must confirm the fence (Fencing-Mark) within min(TTL/2, 30s)
   azblob://CONTAINER[?prefix=P]
                         the blob P+RESOURCE: the previous holder's blob lease is broken and
                         this acquisition's taken (destination/azureblob). Azure then refuses
@@ -117,7 +118,7 @@ artifact store, and the payload published is a pointer to it.`,
 			var dests []fenced.Fencer
 			azureLease := false
 			for _, raw := range fences {
-				f, leased, release, err := openFence(cmd.Context(), raw)
+				f, leased, release, err := openFence(cmd.Context(), raw, d)
 				if err != nil {
 					return err
 				}
