@@ -475,18 +475,16 @@ func (g *Gate) Fence(ctx context.Context, resource string, token fenced.Token) e
 }
 
 // Do runs fn in a transaction that first checks token for resource, and commits both
-// together. An error from Check or fn rolls everything back and is returned.
-func (g *Gate) Do(ctx context.Context, resource string, token fenced.Token, fn func(*sql.Tx) error) (err error) {
+// together. An error from Check or fn rolls everything back and is returned. A panic in fn
+// rolls back too before it goes on (net/http recovers a handler's panic and carries on), so
+// that the transaction does not keep the mark locked and the successor's Fence waiting.
+func (g *Gate) Do(ctx context.Context, resource string, token fenced.Token, fn func(*sql.Tx) error) error {
 	g.prepare(ctx)
 	tx, err := g.db.BeginTx(ctx, nil)
 	if err != nil {
 		return fmt.Errorf("gate: begin: %w", err)
 	}
-	defer func() {
-		if err != nil {
-			_ = tx.Rollback()
-		}
-	}()
+	defer func() { _ = tx.Rollback() }() // sql.ErrTxDone after a commit, ignored
 	if err := g.Check(ctx, tx, resource, token); err != nil {
 		return err
 	}

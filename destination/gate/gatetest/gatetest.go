@@ -196,6 +196,7 @@ func Run(t *testing.T, e Engine) {
 	})
 	t.Run("BadInputLeavesTheMark", func(t *testing.T) { testBadInput(t, e) })
 	t.Run("RollbackUndoesTheRaise", func(t *testing.T) { testRollback(t, e) })
+	t.Run("PanicReleasesTheMark", func(t *testing.T) { testPanic(t, e) })
 	t.Run("HTTP", func(t *testing.T) { testHTTP(t, e) })
 	t.Run("ConcurrentWritersOneResource", func(t *testing.T) { testConcurrent(t, e) })
 }
@@ -290,6 +291,37 @@ func testRollback(t *testing.T, e Engine) {
 	}
 	if b, _ := s.Read(ctx, res); b != nil {
 		t.Fatalf("data %q survived the rollback", b)
+	}
+}
+
+// A panic in Do's fn rolls the transaction back before it goes on, so that the mark's row lock
+// (PostgreSQL, MySQL) or the database's write lock (SQLite) is not kept by a transaction whose
+// context never ends: the successor's fence then succeeds at once.
+func testPanic(t *testing.T, e Engine) {
+	s := NewService(t, e)
+	if err := s.Gate.Add(context.Background(), res); err != nil {
+		t.Fatal(err)
+	}
+	func() {
+		defer func() {
+			if r := recover(); r != "the service's handler panicked" {
+				t.Fatalf("recovered %v", r)
+			}
+		}()
+		_ = s.Gate.Do(context.Background(), res, tok(1, 1), func(tx *sql.Tx) error {
+			if err := s.WriteTx(context.Background(), tx, res, []byte("lost")); err != nil {
+				return err
+			}
+			panic("the service's handler panicked")
+		})
+	}()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancel()
+	if err := s.Gate.Fence(ctx, res, tok(2, 1)); err != nil {
+		t.Fatalf("the successor's fence after a panic in Do: %v", err)
+	}
+	if b, _ := s.Read(ctx, res); b != nil {
+		t.Fatalf("data %q survived the panic", b)
 	}
 }
 
