@@ -478,6 +478,9 @@ func (g *Gate) Fence(ctx context.Context, resource string, token fenced.Token) e
 // together. An error from Check or fn rolls everything back and is returned. A panic in fn
 // rolls back too before it goes on (net/http recovers a handler's panic and carries on), so
 // that the transaction does not keep the mark locked and the successor's Fence waiting.
+// A failed COMMIT is a *fenced.OutcomeUnknownError (fenced.ErrOutcomeUnknown): its reply may
+// have been lost after the database committed, so the write and the raise may or may not
+// have taken effect.
 func (g *Gate) Do(ctx context.Context, resource string, token fenced.Token, fn func(*sql.Tx) error) error {
 	g.prepare(ctx)
 	tx, err := g.db.BeginTx(ctx, nil)
@@ -492,7 +495,7 @@ func (g *Gate) Do(ctx context.Context, resource string, token fenced.Token, fn f
 		return err
 	}
 	if err := tx.Commit(); err != nil {
-		return fmt.Errorf("gate: commit: %w", err)
+		return &fenced.OutcomeUnknownError{Op: "gate: commit", Resource: resource, Err: err}
 	}
 	return nil
 }

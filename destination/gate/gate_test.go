@@ -1,18 +1,26 @@
 package gate_test
 
 import (
+	"bytes"
 	"context"
 	"crypto/rand"
 	"database/sql"
+	"encoding/json"
+	"errors"
 	"fmt"
 	"net"
+	"net/http"
+	"net/http/httptest"
 	"net/url"
 	"os"
 	"path/filepath"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/fenced-dev/fenced"
+	"github.com/fenced-dev/fenced/destination"
 	"github.com/fenced-dev/fenced/destination/gate"
 	"github.com/fenced-dev/fenced/destination/gate/gatetest"
 	"github.com/fenced-dev/fenced/driver/drivertest"
@@ -356,5 +364,69 @@ func TestExecQueryCache(t *testing.T) {
 	}
 	if n != gate.MaxExecs {
 		t.Fatalf("%d statements cached, want %d", n, gate.MaxExecs)
+	}
+}
+
+// commitDropper passes a connection's traffic through until armed; armed, it sends the next
+// write that carries a COMMIT and then closes the connection, so that the database commits
+// and its reply is lost.
+type commitDropper struct{ armed atomic.Bool }
+
+func (d *commitDropper) wrap(c net.Conn) net.Conn { return &droppingConn{Conn: c, d: d} }
+
+type droppingConn struct {
+	net.Conn
+	d *commitDropper
+}
+
+func (c *droppingConn) Write(p []byte) (int, error) {
+	n, err := c.Conn.Write(p)
+	if err == nil && bytes.Contains(bytes.ToLower(p), []byte("commit")) && c.d.armed.CompareAndSwap(true, false) {
+		_ = c.Conn.Close()
+	}
+	return n, err
+}
+
+// TestCommitReplyLost: when COMMIT's reply is lost the write may have committed, so Do reports
+// the outcome as unknown (fenced.ErrOutcomeUnknown) and Handler answers the outcome-unknown
+// problem, not "rolled back".
+func TestCommitReplyLost(t *testing.T) {
+	ctx := context.Background()
+	var drop commitDropper
+	db := openPostgresWith(t, drop.wrap)
+	s := gatetest.NewService(t, gatetest.Engine{Dialect: gate.Postgres, Open: func(testing.TB) *sql.DB { return db }})
+	const r = "rapport nº 10"
+	if err := s.Gate.Add(ctx, r); err != nil {
+		t.Fatal(err)
+	}
+	err := s.Gate.Do(ctx, r, gatetest.Tok(1, 1), func(tx *sql.Tx) error {
+		drop.armed.Store(true)
+		return s.WriteTx(ctx, tx, r, []byte("maybe"))
+	})
+	var unknown *fenced.OutcomeUnknownError
+	if !errors.Is(err, fenced.ErrOutcomeUnknown) || !errors.As(err, &unknown) || unknown.Resource != r {
+		t.Fatalf("Do with COMMIT's reply lost: %v, want outcome unknown for %q", err, r)
+	}
+
+	srv := httptest.NewServer(s.Gate.Handler(func(w http.ResponseWriter, req *http.Request, tx *sql.Tx) error {
+		drop.armed.Store(true)
+		w.WriteHeader(http.StatusCreated)
+		return s.WriteTx(req.Context(), tx, r, []byte("maybe too"))
+	}))
+	defer srv.Close()
+	req, _ := http.NewRequest("PUT", srv.URL, nil)
+	req.Header.Set(destination.Header, destination.FormatHeader(r, gatetest.Tok(1, 2)))
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	var p gate.Problem
+	if err := json.NewDecoder(resp.Body).Decode(&p); err != nil {
+		t.Fatal(err)
+	}
+	if resp.StatusCode != http.StatusInternalServerError || p.Type != gate.ProblemOutcomeUnknown ||
+		!strings.Contains(p.Detail, "may or may not have committed") || strings.Contains(p.Detail, "rolled back") {
+		t.Fatalf("answer %s %+v, want the outcome-unknown problem", resp.Status, p)
 	}
 }

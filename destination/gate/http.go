@@ -30,6 +30,9 @@ const (
 	ProblemMalformed = "urn:fenced:problem:malformed-token"  // 400
 	ProblemStale     = "urn:fenced:problem:stale-token"      // 409
 	ProblemUnknown   = "urn:fenced:problem:unknown-resource" // 422
+	// ProblemOutcomeUnknown: the COMMIT got no answer; the write may or may not have
+	// committed, so a client must read before it retries.
+	ProblemOutcomeUnknown = "urn:fenced:problem:outcome-unknown" // 500
 )
 
 // TxHandler does a service's write inside the transaction that checked its token. It returns
@@ -85,7 +88,9 @@ func isRefusal(err error) bool {
 }
 
 // WriteProblem answers err as application/problem+json: 400 for a malformed token, 409 for a
-// stale one, 422 for an unknown resource, 500 for anything else (whose text is not sent).
+// stale one, 422 for an unknown resource, 500 of type ProblemOutcomeUnknown for a commit whose
+// outcome is unknown (fenced.ErrOutcomeUnknown), 500 for anything else, which was rolled back
+// (its text is not sent).
 func WriteProblem(w http.ResponseWriter, resource string, token fenced.Token, err error) {
 	p := Problem{Resource: resource}
 	if resource != "" {
@@ -103,6 +108,9 @@ func WriteProblem(w http.ResponseWriter, resource string, token fenced.Token, er
 	case errors.Is(err, destination.ErrUnknownResource):
 		p.Type, p.Title, p.Status = ProblemUnknown, "Unknown resource", http.StatusUnprocessableEntity
 		p.Detail = "This service keeps no fencing mark for the resource; nothing changed."
+	case errors.Is(err, fenced.ErrOutcomeUnknown):
+		p.Type, p.Title, p.Status = ProblemOutcomeUnknown, "Write outcome unknown", http.StatusInternalServerError
+		p.Detail = "The commit got no answer: the write may or may not have committed; read the resource before retrying."
 	default:
 		p.Type, p.Title, p.Status = "about:blank", "Internal Server Error", http.StatusInternalServerError
 		p.Detail = "The write failed and was rolled back."
