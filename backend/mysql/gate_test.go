@@ -71,10 +71,19 @@ func TestGateBatchedNeedsMultiStatements(t *testing.T) {
 }
 
 // TestGateCheckWaitsForTheRaise: on InnoDB too, a check waiting on an uncommitted raise's row
-// lock is decided on the committed mark.
+// lock is decided on the committed mark. The plain-read mutant accepts the superseded
+// holder's token 1.5, equal to the committed mark, while the raise to 1.6 is open.
 func TestGateCheckWaitsForTheRaise(t *testing.T) {
 	t.Parallel()
 	gatetest.CheckWaitsForTheRaise(t, gateEngine, innodbTrxInterval, innodbWaiting(t))
+	t.Run("mutant plain read", func(t *testing.T) {
+		s := gatetest.NewService(t, gateEngine)
+		s.Checker = plainReadCheck{s.Gate}
+		err := gatetest.CheckWaitsForTheRaiseOf(context.Background(), s, gatetest.Tok(1, 5), gatetest.Tok(1, 5), destination.ErrStale, innodbTrxInterval, innodbWaiting(t))
+		if err == nil || !strings.Contains(err.Error(), "finished while tx1 held the row raised to "+gatetest.Tok(1, 6).String()+": <nil>") {
+			t.Fatalf("the plain-read mutant passed: %v", err)
+		}
+	})
 }
 
 // TestGateRaiseWaitsForTheCheck: a raise waits for a transaction that checked the mark's own

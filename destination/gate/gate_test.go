@@ -136,9 +136,54 @@ func TestNewRefusesBadConfig(t *testing.T) {
 }
 
 // TestPostgresCheckWaitsForTheRaise: a check waiting on an uncommitted raise's row lock is
-// decided on the committed mark.
+// decided on the committed mark. The mutants accept the superseded holder's token 1.5, equal
+// to the committed mark, while the raise to 1.6 is open: without the share lock, with FOR KEY
+// SHARE (which does not wait for a raise), and the check that accepts a token equal to what a
+// plain read of the mark saw; the last one passes the schedules that start from 0.0.
 func TestPostgresCheckWaitsForTheRaise(t *testing.T) {
-	gatetest.CheckWaitsForTheRaise(t, gatetest.Engine{Dialect: gate.Postgres, Open: openPostgres}, 10*time.Millisecond, pgWaiting(t))
+	e := gatetest.Engine{Dialect: gate.Postgres, Open: openPostgres}
+	gatetest.CheckWaitsForTheRaise(t, e, 10*time.Millisecond, pgWaiting(t))
+	for _, m := range []struct {
+		name   string
+		mutate func(s *gatetest.Service) gatetest.Checker
+	}{
+		{"FOR KEY SHARE", func(s *gatetest.Service) gatetest.Checker { return shareLocked(t, s, "FOR KEY SHARE") }},
+		{"no share lock", func(s *gatetest.Service) gatetest.Checker { return shareLocked(t, s, "") }},
+		{"plain read", func(s *gatetest.Service) gatetest.Checker { return pgPlainReadCheck{s.Gate} }},
+	} {
+		t.Run("mutant "+m.name, func(t *testing.T) {
+			s := gatetest.NewService(t, e)
+			s.Checker = m.mutate(s)
+			err := gatetest.CheckWaitsForTheRaiseOf(context.Background(), s, gatetest.Tok(1, 5), gatetest.Tok(1, 5), destination.ErrStale, 10*time.Millisecond, pgWaiting(t))
+			if err == nil || !strings.Contains(err.Error(), "finished while tx1 held the row raised to "+gatetest.Tok(1, 6).String()+": <nil>") {
+				t.Fatalf("the mutant %q passed: %v", m.name, err)
+			}
+		})
+	}
+}
+
+// shareLocked is a second gate on s's table whose check takes lock in place of FOR SHARE.
+func shareLocked(t *testing.T, s *gatetest.Service, lock string) *gate.Gate {
+	g, err := gate.New(s.DB, gate.Postgres, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	gate.ShareLock(g, lock)
+	return g
+}
+
+// pgPlainReadCheck is the mutant that accepts a token equal to the mark as a plain SELECT
+// (the statement's snapshot, no lock) saw it; other tokens go to the gate.
+type pgPlainReadCheck struct{ *gate.Gate }
+
+func (c pgPlainReadCheck) Check(ctx context.Context, tx *sql.Tx, resource string, t fenced.Token) error {
+	var equal bool
+	err := tx.QueryRowContext(ctx, "SELECT epoch = $2 AND generation = $3 FROM "+gate.DefaultTable+" WHERE resource = $1",
+		resource, t.Epoch, t.Generation).Scan(&equal)
+	if err == nil && equal {
+		return nil
+	}
+	return c.Gate.Check(ctx, tx, resource, t)
 }
 
 // BenchmarkGate: a service's write transaction with the gate's check beside the same

@@ -59,8 +59,9 @@ func selectData(d gate.Dialect) string {
 type Service struct {
 	Gate *gate.Gate
 	DB   *sql.DB
-	// Checker, if set, checks the token of RaiseWaitsForTheCheck's first transaction in
-	// place of Gate: a mutation test sets a broken check there to show the schedule catches it.
+	// Checker, if set, checks the token of RaiseWaitsForTheCheck's first transaction and of
+	// CheckWaitsForTheRaiseOf's second in place of Gate: a mutation test sets a broken check
+	// there to show the schedule catches it.
 	Checker Checker
 	d       gate.Dialect
 }
@@ -465,79 +466,90 @@ func testHTTP(t *testing.T, e Engine) {
 	}
 }
 
-// WaitFor polls cond every interval until it holds: a hook for a schedule that the database,
-// not the test, brings about (a statement waiting on a row lock). It is not a timing
-// assumption: it fails after a minute.
-func WaitFor(t *testing.T, what string, interval time.Duration, cond func() bool) {
-	t.Helper()
-	for deadline := time.Now().Add(time.Minute); time.Now().Before(deadline); time.Sleep(interval) {
-		if cond() {
-			return
-		}
-	}
-	t.Fatalf("timed out waiting for %s", what)
-}
-
 // CheckWaitsForTheRaise forces the schedule behind Check's promise that a check waiting for an
-// uncommitted raise is decided on the raised mark: tx1 raises the mark to b and holds its
-// transaction open; tx2 checks a token and waits on the row lock, which waiting (given tx2, to
-// find its session) reports from the server; tx1 commits. A token older than b must then be
-// refused, and b itself accepted (the check reads the raised row, not its snapshot). For
-// engines with row locks (PostgreSQL, MySQL).
+// uncommitted raise is decided on the raised mark (CheckWaitsForTheRaiseOf), from three
+// starts: from the mark 0.0 a token older than the raise must be refused and the raised token
+// itself accepted (the check reads the raised row, not its snapshot); and from a committed mark
+// of 1.5, the superseded holder's own token 1.5, which the committed mark alone would accept,
+// must be refused once the raise to 1.6 commits. For engines with row locks (PostgreSQL,
+// MySQL).
 func CheckWaitsForTheRaise(t *testing.T, e Engine, interval time.Duration, waiting func(ctx context.Context, db *sql.DB, tx2 *sql.Tx) func() bool) {
 	for _, c := range []struct {
-		name string
-		a    fenced.Token
-		want error
+		name    string
+		from, a fenced.Token
+		want    error
 	}{
-		{"older", tok(1, 5), destination.ErrStale},
-		{"equal", tok(1, 6), nil},
+		{"older", fenced.Token{}, tok(1, 5), destination.ErrStale},
+		{"equal", fenced.Token{}, tok(1, 6), nil},
+		{"superseded equal to the committed mark", tok(1, 5), tok(1, 5), destination.ErrStale},
 	} {
 		t.Run(c.name, func(t *testing.T) {
-			ctx := context.Background()
-			s := NewService(t, e)
-			if err := s.Gate.Add(ctx, res); err != nil {
+			if err := CheckWaitsForTheRaiseOf(context.Background(), NewService(t, e), c.from, c.a, c.want, interval, waiting); err != nil {
 				t.Fatal(err)
-			}
-			b := tok(1, 6)
-			tx1, err := s.DB.BeginTx(ctx, nil)
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer func() { _ = tx1.Rollback() }()
-			if err := s.Gate.Check(ctx, tx1, res, b); err != nil {
-				t.Fatal(err)
-			}
-			tx2, err := s.DB.BeginTx(ctx, nil)
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer func() { _ = tx2.Rollback() }()
-			isWaiting := waiting(ctx, s.DB, tx2)
-			done := make(chan error, 1)
-			go func() { done <- s.Gate.Check(ctx, tx2, res, c.a) }()
-			WaitFor(t, "tx2 to wait on the row lock", interval, func() bool {
-				select {
-				case err := <-done:
-					t.Fatalf("tx2's check finished while tx1 held the row: %v", err)
-				default:
-				}
-				return isWaiting()
-			})
-			if err := tx1.Commit(); err != nil {
-				t.Fatal(err)
-			}
-			if err := <-done; !errors.Is(err, c.want) || (c.want == nil && err != nil) {
-				t.Fatalf("tx2's check of %s after tx1 committed %s: %v, want %v", c.a, b, err, c.want)
-			}
-			if err := tx2.Rollback(); err != nil {
-				t.Fatal(err)
-			}
-			if m := mark(t, s, res); m != b {
-				t.Fatalf("mark %s, want %s", m, b)
 			}
 		})
 	}
+}
+
+// CheckWaitsForTheRaiseOf runs one schedule on s: the mark is fenced to from (if not zero);
+// tx1 raises it to 1.6 and holds its transaction open; tx2 checks a and waits on the row
+// lock, which waiting (given tx2, to find its session) reports from the server, polled every
+// interval; tx1 commits; tx2's check must then end in want (nil: accepted) and the mark be
+// 1.6. tx2's check is s.Checker's if set, so that a mutation test can show the schedule
+// catches a broken check. It returns what went wrong.
+func CheckWaitsForTheRaiseOf(ctx context.Context, s *Service, from, a fenced.Token, want error, interval time.Duration, waiting func(ctx context.Context, db *sql.DB, tx2 *sql.Tx) func() bool) error {
+	if err := s.Gate.Add(ctx, res); err != nil {
+		return err
+	}
+	if from != (fenced.Token{}) {
+		if err := s.Gate.Fence(ctx, res, from); err != nil {
+			return err
+		}
+	}
+	b := tok(1, 6)
+	tx1, err := s.DB.BeginTx(ctx, nil)
+	if err != nil {
+		return err
+	}
+	defer func() { _ = tx1.Rollback() }()
+	if err := s.Gate.Check(ctx, tx1, res, b); err != nil {
+		return fmt.Errorf("tx1's raise to %s: %w", b, err)
+	}
+	tx2, err := s.DB.BeginTx(ctx, nil)
+	if err != nil {
+		return err
+	}
+	defer func() { _ = tx2.Rollback() }()
+	var check Checker = s.Gate
+	if s.Checker != nil {
+		check = s.Checker
+	}
+	isWaiting := waiting(ctx, s.DB, tx2)
+	done := make(chan error, 1)
+	go func() { done <- check.Check(ctx, tx2, res, a) }()
+	for deadline := time.Now().Add(time.Minute); !isWaiting(); time.Sleep(interval) {
+		select {
+		case err := <-done:
+			return fmt.Errorf("tx2's check of %s (mark %s) finished while tx1 held the row raised to %s: %v", a, from, b, err)
+		default:
+		}
+		if time.Now().After(deadline) {
+			return errors.New("timed out waiting for tx2 to wait on the row lock")
+		}
+	}
+	if err := tx1.Commit(); err != nil {
+		return err
+	}
+	if err := <-done; !errors.Is(err, want) || (want == nil && err != nil) {
+		return fmt.Errorf("tx2's check of %s after tx1 committed %s: %v, want %v", a, b, err, want)
+	}
+	if err := tx2.Rollback(); err != nil {
+		return err
+	}
+	if m, err := s.Gate.Mark(ctx, res); err != nil || m != b {
+		return fmt.Errorf("mark %s (%v), want %s", m, err, b)
+	}
+	return nil
 }
 
 // RaiseWaitsForTheCheck forces the schedule behind Check's promise that the mark is not raised
