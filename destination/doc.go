@@ -17,11 +17,13 @@
 // This package also defines how a token travels over HTTP: the Fencing-Token header (see
 // FormatHeader), set on a request by SetHeader or by a Transport.
 //
-// # The gap, and how Fence closes it
+// # The gap, and how Fence narrows it
 //
 // A destination that only remembers the highest token it has seen cannot tell that a newer
 // holder exists until that holder writes: between B's acquisition and B's first write, A's
 // delayed write with the older token is accepted. Fencing on acquisition (fenced.Lease.Fence,
-// fenced.RunOptions.Fence) closes that gap for the destinations a holder names; a destination
-// not named is still open until the new holder writes to it.
+// fenced.RunOptions.Fence) narrows that gap for the destinations a holder names: from the
+// moment B's Fence returns they refuse A, whatever B has written. It does not close it: a
+// write of A's that lands between B's acquisition and the return of B's Fence is still
+// accepted. A destination not named stays open until the new holder writes to it.
 package destination

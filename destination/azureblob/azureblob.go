@@ -148,7 +148,8 @@ func (b base) props(ctx context.Context, bc *blockblob.Client) (blob.GetProperti
 	return blob.GetPropertiesResponse{}, fenced.Token{}, errors.New("the blob keeps disappearing")
 }
 
-// Read returns the blob's content and the token of its last write.
+// Read returns the blob's content and the token of its last write or fence (a fence rewrites
+// the metadata and keeps the content).
 func (b base) Read(ctx context.Context, resource string) ([]byte, fenced.Token, error) {
 	bc, err := b.blob(resource)
 	if err != nil {

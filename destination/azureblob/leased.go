@@ -237,7 +237,9 @@ func (l *Leased) writeError(ctx context.Context, bc *blockblob.Client, resource,
 	return fmt.Errorf("write %q: %w", resource, err)
 }
 
-// Read returns the blob's content (and the token of its last write). Reads need no lease.
+// Read returns the blob's content and the token of its last write or fence: after a fence the
+// metadata holds the fencing holder's token over the previous holder's bytes. Reads need no
+// lease.
 func (l *Leased) Read(ctx context.Context, resource string) ([]byte, fenced.Token, error) {
 	return l.base.Read(ctx, resource)
 }
