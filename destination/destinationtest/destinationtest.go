@@ -49,6 +49,7 @@ func Run(t *testing.T, newHarness func(t *testing.T) Harness) {
 		{"EpochBeforeGeneration", testEpochOrder},
 		{"RacingFencesNewestWins", testRacingFences},
 		{"ResourcesAreIndependent", testIndependent},
+		{"BadTokensRefused", testBadTokens},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -79,6 +80,30 @@ func RefuseBadTokens(t *testing.T, ctx context.Context, h Harness, resource stri
 		if err := h.Write(ctx, resource, bad, []byte("bad")); !errors.Is(err, destination.ErrMalformed) {
 			t.Fatalf("write %q with %s: %v, want destination.ErrMalformed", resource, bad, err)
 		}
+	}
+}
+
+// testBadTokens: every token no lease store issues is refused as malformed, by the fence and
+// by a write, and changes nothing: the data written under a real token stays, and the next
+// real token still fences.
+func testBadTokens(t *testing.T, ctx context.Context, h Harness, resource string) {
+	a, b := fenced.Token{Epoch: Epoch, Generation: 3}, fenced.Token{Epoch: Epoch, Generation: 4}
+	if err := h.Fencer.Fence(ctx, resource, a); err != nil {
+		t.Fatal(err)
+	}
+	if err := h.Write(ctx, resource, a, []byte("from a\x00")); err != nil {
+		t.Fatal(err)
+	}
+	RefuseBadTokens(t, ctx, h, resource)
+	got, err := h.Read(ctx, resource)
+	if err != nil || string(got) != "from a\x00" {
+		t.Fatalf("after the bad tokens: %q, %v; want a's data", got, err)
+	}
+	if err := h.Fencer.Fence(ctx, resource, b); err != nil {
+		t.Fatalf("fence with %s after the bad tokens: %v", b, err)
+	}
+	if err := h.Write(ctx, resource, a, []byte("late a")); !errors.Is(err, destination.ErrStale) {
+		t.Fatalf("a's write after b's fence: %v, want destination.ErrStale", err)
 	}
 }
 

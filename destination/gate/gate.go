@@ -343,8 +343,8 @@ func (g *Gate) check(ctx context.Context, ex execer, resource string, token fenc
 // args) if there is one: the result (affected rows, insert id) is then the last statement's, the
 // check's (go-sql-driver/mysql).
 func (g *Gate) checkAfter(ctx context.Context, ex execer, resource string, token fenced.Token, before string, args []any) error {
-	if token.Epoch < 0 || token.Generation < 0 {
-		return fmt.Errorf("gate: %q: token %s is negative: %w", resource, token, destination.ErrMalformed)
+	if err := destination.CheckToken(token); err != nil {
+		return fmt.Errorf("gate: %q: %w", resource, err)
 	}
 	query, what := g.q.check, "check"
 	if before != "" {
@@ -415,8 +415,8 @@ func (g *Gate) Exec(ctx context.Context, tx *sql.Tx, resource string, token fenc
 		}
 		return nil
 	}
-	if token.Epoch < 0 || token.Generation < 0 {
-		return fmt.Errorf("gate: %q: token %s is negative: %w", resource, token, destination.ErrMalformed)
+	if err := destination.CheckToken(token); err != nil {
+		return fmt.Errorf("gate: %q: %w", resource, err)
 	}
 	accepted, err := g.accepted(ctx, tx, g.execQuery(write, len(args)), append(args, g.q.checkArgs(resource, token)...))
 	if err != nil {

@@ -172,6 +172,10 @@ func (s *Service) HTTPHarness(t *testing.T) destinationtest.Harness {
 				return nil
 			case http.StatusConflict:
 				return &destination.StaleError{Resource: resource, Token: token}
+			case http.StatusBadRequest:
+				if p.Type == gate.ProblemMalformed {
+					return fmt.Errorf("write: %s: %w", p.Detail, destination.ErrMalformed)
+				}
 			}
 			return fmt.Errorf("write: %s %+v", resp.Status, p)
 		},
