@@ -7,6 +7,8 @@ import (
 	"time"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
+
+	"github.com/fenced-dev/fenced/internal/trustclock"
 )
 
 // Fewer round trips. An acquisition used to cost a read, a lease grant and the deciding Txn,
@@ -20,9 +22,10 @@ import (
 //   - The etcd lease is granted ahead of need, in the background, and taken from a pool kept
 //     per granted TTL. An etcd lease's TTL runs from its grant (or its last keepalive) and
 //     cannot be changed, and etcd's TTLs are whole seconds, so an acquisition may use a lease
-//     of the pool only inside a window of its life where both of these hold, on the local
-//     monotonic clock, for the acquisition's TTL ttl and the lease's granted TTL T, with S
-//     and R the moments the grant (or keepalive) request was sent and its answer received:
+//     of the pool only inside a window of its life where both of these hold, on the trust
+//     window's clock (internal/trustclock), for the acquisition's TTL ttl and the lease's
+//     granted TTL T, with S and R the moments the grant (or keepalive) request was sent and
+//     its answer received:
 //
 //       safety:  S + T - ttl > now             etcd expires it no earlier than S + T, so never
 //                                              before the end of a trust window that starts
@@ -35,7 +38,12 @@ import (
 //     up to seconds, so that the window, B - (R - S) wide, opens before the lease's end; a
 //     lease whose window passed
 //     unused gets a keepalive, which starts its life again (S and R of the keepalive), and
-//     serves again a window later. So an etcd lease granted ahead outlives the acquisition's
+//     serves again a window later. The clock counts a suspend of the machine, as etcd's
+//     server does while the client sleeps, and as the holder's trust window does: Go's
+//     monotonic clock, which the pool read before, stops during a suspend on Linux, so a
+//     window stayed open across one and an acquisition took a lease that etcd could expire
+//     before its start + TTL, inside the holder's trust window (CORRECTNESS.md, invariant
+//     11; TestPooledLeaseAfterASuspend). So an etcd lease granted ahead outlives the acquisition's
 //     start + TTL by at most B, plus the delay with which etcd itself revokes an expired
 //     lease (its lessor looks for them every 500 ms); an etcd lease granted during the
 //     acquisition (when no lease of the pool is in its window) is rounded up to whole
@@ -69,7 +77,8 @@ type aheadLease struct {
 	id         clientv3.LeaseID
 	key        int64         // the pool: the TTL asked of etcd, in seconds
 	ttl        int64         // seconds, as granted
-	sent, recv time.Time     // the last grant or keepalive: request sent, answer received (monotonic)
+	sent, recv time.Duration // the last grant or keepalive: request sent, answer received (trustclock.Now)
+	sentWall   time.Time     // the wall clock at sent, for the LeaseUntil reported (informational)
 	refreshing bool          // a keepalive is on its way
 	bound      time.Duration // the driver's Options.AheadBound
 }
@@ -77,23 +86,26 @@ type aheadLease struct {
 // aheadSeconds is the TTL asked of etcd for a lease granted ahead of acquisitions of ttl.
 func aheadSeconds(ttl, bound time.Duration) int64 { return ttlSeconds(ttl + bound) }
 
-// window is when an acquisition of ttl may use the lease: from opens (included) to closes.
-func (l aheadLease) window(ttl time.Duration) (opens, closes time.Time) {
+// window is when an acquisition of ttl may use the lease, on trustclock: from opens
+// (included) to closes.
+func (l aheadLease) window(ttl time.Duration) (opens, closes time.Duration) {
 	life := time.Duration(l.ttl)*time.Second - ttl
-	return l.recv.Add(life - l.bound), l.sent.Add(life)
+	return l.recv + life - l.bound, l.sent + life
 }
 
-// usable tells whether an acquisition of ttl starting now may use the lease; anyTime is the
-// mutation that the window tests must catch.
-func (l aheadLease) usable(ttl time.Duration, now time.Time, anyTime bool) bool {
+// usable tells whether an acquisition of ttl starting now (trustclock.Now) may use the lease;
+// anyTime is the mutation that the window tests must catch.
+func (l aheadLease) usable(ttl, now time.Duration, anyTime bool) bool {
 	opens, closes := l.window(ttl)
-	return anyTime && now.Before(l.sent.Add(time.Duration(l.ttl)*time.Second)) || !now.Before(opens) && now.Before(closes)
+	return anyTime && now < l.ends() || now >= opens && now < closes
 }
 
-// expired tells whether etcd may have expired the lease: nothing can use it any more.
-func (l aheadLease) expired(now time.Time) bool {
-	return !now.Before(l.sent.Add(time.Duration(l.ttl) * time.Second))
-}
+// ends is the earliest moment etcd may expire the lease, on trustclock.
+func (l aheadLease) ends() time.Duration { return l.sent + time.Duration(l.ttl)*time.Second }
+
+// expired tells whether etcd may have expired the lease by now (trustclock.Now): nothing can
+// use it any more.
+func (l aheadLease) expired(now time.Duration) bool { return now >= l.ends() }
 
 // ahead is a driver's state for the fast path.
 type ahead struct {
@@ -124,9 +136,9 @@ type ahead struct {
 // aheadDemand is what the tender knows of the acquisitions of one key since its last tick.
 type aheadDemand struct {
 	ttl      time.Duration
-	peak     int // most leases of the key in use at once
-	misses   int // acquisitions that found no lease in its window
-	lastUsed time.Time
+	peak     int           // most leases of the key in use at once
+	misses   int           // acquisitions that found no lease in its window
+	lastUsed time.Duration // trustclock.Now
 }
 
 // The tender. A lease serves a window of about the bound per second of its life, so a pool
@@ -165,9 +177,9 @@ func (d *Driver) tick() bool {
 		a.tending = false
 		return false
 	}
-	now := time.Now()
+	now := trustclock.Now()
 	for key, dem := range a.demand {
-		if now.Sub(dem.lastUsed) > aheadIdle {
+		if now-dem.lastUsed > aheadIdle {
 			delete(a.demand, key)
 			continue
 		}
@@ -184,13 +196,13 @@ func (d *Driver) tick() bool {
 			if !l.refreshing && l.expired(now) {
 				continue
 			}
-			if _, closes := l.window(dem.ttl); !l.refreshing && !now.Before(closes) {
+			if _, closes := l.window(dem.ttl); !l.refreshing && now >= closes {
 				passed = append(passed, len(list))
 			}
 			list = append(list, l)
 		}
 		a.leases[key] = list
-		sort.Slice(passed, func(i, j int) bool { return list[passed[i]].sent.Before(list[passed[j]].sent) })
+		sort.Slice(passed, func(i, j int) bool { return list[passed[i]].sent < list[passed[j]].sent })
 		for _, i := range passed[:min(need, len(passed))] {
 			list[i].refreshing = true
 			d.keepAliveLocked(list[i].id)
@@ -207,7 +219,7 @@ func (d *Driver) tick() bool {
 }
 
 // wantLocked records an acquisition's demand for key and starts the tender if it is not running.
-func (d *Driver) wantLocked(key int64, ttl time.Duration, missed bool, now time.Time) {
+func (d *Driver) wantLocked(key int64, ttl time.Duration, missed bool, now time.Duration) {
 	a := &d.ahead
 	if a.demand == nil {
 		a.demand = map[int64]*aheadDemand{}
@@ -239,7 +251,7 @@ func (d *Driver) wantLocked(key int64, ttl time.Duration, missed bool, now time.
 func (d *Driver) takeLease(ttl time.Duration) (aheadLease, bool) {
 	a := &d.ahead
 	key := aheadSeconds(ttl, a.bound)
-	now := time.Now()
+	now := trustclock.Now()
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	if a.closed || a.bound < 0 {
@@ -264,7 +276,7 @@ func (d *Driver) takeLease(ttl time.Duration) (aheadLease, bool) {
 			}
 		case l.expired(now):
 			continue
-		case a.manual && !now.Before(closes):
+		case a.manual && now >= closes:
 			l.refreshing = true
 			d.keepAliveLocked(l.id)
 		}
@@ -303,7 +315,7 @@ func (d *Driver) released(id clientv3.LeaseID) {
 	a.mu.Lock()
 	l, ok := a.inUse[id]
 	delete(a.inUse, id)
-	if ok && !a.closed && !l.expired(time.Now()) && len(a.leases[l.key]) < maxAhead {
+	if ok && !a.closed && !l.expired(trustclock.Now()) && len(a.leases[l.key]) < maxAhead {
 		a.leases[l.key] = append(a.leases[l.key], l)
 		a.mu.Unlock()
 		return
@@ -337,14 +349,14 @@ func (d *Driver) refillLocked(key int64) {
 	a.bg.Go(func() {
 		ctx, cancel := context.WithTimeout(d.cli.Ctx(), cleanupTimeout) // ends when the client closes
 		defer cancel()
-		sent := time.Now()
+		sent, sentWall := trustclock.Now(), time.Now()
 		resp, err := d.cli.Grant(ctx, key)
-		recv := time.Now()
+		recv := trustclock.Now()
 		a.mu.Lock()
 		a.pending[key]--
 		kept := err == nil && !a.closed && len(a.leases[key]) < maxAhead
 		if kept {
-			a.leases[key] = append(a.leases[key], aheadLease{id: resp.ID, key: key, ttl: resp.TTL, sent: sent, recv: recv, bound: a.bound})
+			a.leases[key] = append(a.leases[key], aheadLease{id: resp.ID, key: key, ttl: resp.TTL, sent: sent, recv: recv, sentWall: sentWall, bound: a.bound})
 		}
 		hook := a.granted
 		a.mu.Unlock()
@@ -365,9 +377,9 @@ func (d *Driver) keepAliveLocked(id clientv3.LeaseID) {
 	a.bg.Go(func() {
 		ctx, cancel := context.WithTimeout(d.cli.Ctx(), cleanupTimeout) // ends when the client closes
 		defer cancel()
-		sent := time.Now()
+		sent, sentWall := trustclock.Now(), time.Now()
 		resp, err := d.cli.KeepAliveOnce(ctx, id)
-		recv := time.Now()
+		recv := trustclock.Now()
 		a.mu.Lock()
 		for key, list := range a.leases {
 			for i := range list {
@@ -377,7 +389,7 @@ func (d *Driver) keepAliveLocked(id clientv3.LeaseID) {
 				if err != nil || resp.TTL <= 0 {
 					a.leases[key] = append(list[:i], list[i+1:]...)
 				} else {
-					list[i].sent, list[i].recv, list[i].ttl, list[i].refreshing = sent, recv, resp.TTL, false
+					list[i].sent, list[i].recv, list[i].sentWall, list[i].ttl, list[i].refreshing = sent, recv, sentWall, resp.TTL, false
 				}
 				break
 			}

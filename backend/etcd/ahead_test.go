@@ -9,6 +9,7 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/fenced-dev/fenced/driver"
+	"github.com/fenced-dev/fenced/internal/trustclock"
 )
 
 // ownerLease returns the etcd lease of the resource's owner key and its remaining TTL.
@@ -81,20 +82,21 @@ func pooledLease(t *testing.T, d *Driver, granted chan struct{}, resource string
 }
 
 // acquireInWindow waits on the clock until the lease's window for ttl opens and acquires at
-// once, reporting when the acquisition started and returned. The window is the bound wide
+// once, reporting when the acquisition started (on trustclock, the pool's clock, and on the
+// wall clock, LeaseUntil's) and returned. The window is the bound wide
 // less the grant's round trip; on a loaded machine the acquisition may start after it closed
 // (then the pool has no lease in its window and a lease is granted during the acquisition),
 // which the caller sees from the owner key's lease and tries again.
-func acquireInWindow(t *testing.T, d *Driver, l aheadLease, resource, owner string, ttl time.Duration) (start, end time.Time, g driver.Grant) {
+func acquireInWindow(t *testing.T, d *Driver, l aheadLease, resource, owner string, ttl time.Duration) (start time.Duration, startWall time.Time, end time.Duration, g driver.Grant) {
 	t.Helper()
 	opens, _ := l.window(ttl)
-	time.Sleep(time.Until(opens)) // a wait for a moment of the clock, not for another goroutine
-	start = time.Now()
+	time.Sleep(opens - trustclock.Now()) // a wait for a moment of the clock, not for another goroutine
+	start, startWall = trustclock.Now(), time.Now()
 	g, err := d.Acquire(testCtx(t), resource, owner, ttl)
 	if err != nil {
 		t.Fatal(err)
 	}
-	return start, time.Now(), g
+	return start, startWall, trustclock.Now(), g
 }
 
 // TestLeaseGrantedAheadWindow: a lease granted ahead is used only inside its window. Before the
@@ -112,14 +114,14 @@ func TestLeaseGrantedAheadWindow(t *testing.T) {
 			d.ahead.mu.Lock()
 			d.ahead.anyTime = anyTime
 			d.ahead.mu.Unlock()
-			if opens, _ := pooled.window(ttl); !time.Now().Before(opens) {
-				t.Skipf("the window opened before the test could acquire (a grant's answer took %v)", time.Since(pooled.sent))
+			if opens, _ := pooled.window(ttl); trustclock.Now() >= opens {
+				t.Skipf("the window opened before the test could acquire (a grant's answer took %v)", trustclock.Now()-pooled.sent)
 			}
 			if _, err := d.Acquire(testCtx(t), resource, "young", ttl); err != nil {
 				t.Fatal(err)
 			}
 			if id, _ := ownerLease(t, d, resource); (id == pooled.id) != anyTime {
-				t.Fatalf("anyTime=%v: the lease granted ahead %v ago was used: %v", anyTime, time.Since(pooled.sent), id == pooled.id)
+				t.Fatalf("anyTime=%v: the lease granted ahead %v ago was used: %v", anyTime, trustclock.Now()-pooled.sent, id == pooled.id)
 			}
 		}
 	})
@@ -131,8 +133,8 @@ func TestLeaseGrantedAheadWindow(t *testing.T) {
 			d.ahead.mu.Lock()
 			list := d.ahead.leases[aheadSeconds(ttl, d.ahead.bound)]
 			_, closes := list[0].window(ttl)
-			shift := time.Until(closes) + time.Millisecond
-			list[0].sent, list[0].recv = list[0].sent.Add(-shift), list[0].recv.Add(-shift) // as if its window had passed
+			shift := closes - trustclock.Now() + time.Millisecond
+			list[0].sent, list[0].recv = list[0].sent-shift, list[0].recv-shift // as if its window had passed
 			d.ahead.anyTime = anyTime
 			d.ahead.mu.Unlock()
 			if _, err := d.Acquire(testCtx(t), resource, "late", ttl); err != nil {
@@ -146,7 +148,7 @@ func TestLeaseGrantedAheadWindow(t *testing.T) {
 				d.ahead.mu.Lock()
 				var renewed bool
 				for _, l := range d.ahead.leases[aheadSeconds(ttl, d.ahead.bound)] {
-					renewed = renewed || l.id == pooled.id && l.sent.After(pooled.sent)
+					renewed = renewed || l.id == pooled.id && l.sent > pooled.sent
 				}
 				d.ahead.mu.Unlock()
 				if !renewed {
@@ -162,18 +164,18 @@ func TestLeaseGrantedAheadWindow(t *testing.T) {
 		d, granted := aheadDriver(t, resource)
 		d.ahead.bound = 5 * time.Second // before its first acquisition
 		pooled := pooledLease(t, d, granted, resource, ttl)
-		start, _, g := acquireInWindow(t, d, pooled, resource, "in window", ttl)
+		start, startWall, _, g := acquireInWindow(t, d, pooled, resource, "in window", ttl)
 		id, remaining := ownerLease(t, d, resource)
 		if id != pooled.id {
-			t.Fatalf("the lease granted ahead was not used in its window (the acquisition started %v after the grant was sent)", start.Sub(pooled.sent))
+			t.Fatalf("the lease granted ahead was not used in its window (the acquisition started %v after the grant was sent)", start-pooled.sent)
 		}
 		// TimeToLive truncates to whole seconds: at least the TTL from the start means at
 		// least the truncated rest of it now.
-		if want := int64((ttl - time.Since(start)) / time.Second); remaining < want {
+		if want := int64((ttl - (trustclock.Now() - start)) / time.Second); remaining < want {
 			t.Fatalf("the etcd lease has %d s left, less than the TTL %v from the acquisition's start", remaining, ttl)
 		}
-		if g.LeaseUntil.Before(start.Add(ttl)) {
-			t.Fatalf("reported until %v is before start + ttl %v", g.LeaseUntil, start.Add(ttl))
+		if g.LeaseUntil.Before(startWall.Add(ttl)) {
+			t.Fatalf("reported until %v is before start + ttl %v", g.LeaseUntil, startWall.Add(ttl))
 		}
 	})
 }
@@ -205,30 +207,30 @@ func TestCrashedHolderHandover(t *testing.T) {
 			d.skipRevoke = true   // the holder's process is gone: nothing of it revokes anything
 			d.ahead.bound = bound // before its first acquisition
 			pooled := pooledLease(t, d, granted, resource, ttl)
-			var start, acquired time.Time
+			var start, acquired time.Duration // on trustclock, as the pool's times
 			if anyTime {
 				d.ahead.mu.Lock()
 				d.ahead.anyTime = true
 				d.ahead.mu.Unlock()
-				start = time.Now()
+				start = trustclock.Now()
 				if _, err := d.Acquire(ctx, resource, "vanishing", ttl); err != nil {
 					t.Fatal(err)
 				}
-				acquired = time.Now()
+				acquired = trustclock.Now()
 			} else {
-				start, acquired, _ = acquireInWindow(t, d, pooled, resource, "vanishing", ttl)
+				start, _, acquired, _ = acquireInWindow(t, d, pooled, resource, "vanishing", ttl)
 			}
 			// The window is 100 ms less a grant's round trip wide: a loaded machine may miss it.
 			if resp, err := d.cli.Get(ctx, d.keys(resource).owner); err != nil || len(resp.Kvs) != 1 || clientv3.LeaseID(resp.Kvs[0].Lease) != pooled.id {
-				t.Skipf("the acquisition (%v) missed the lease's window, or outlived its TTL: %v", acquired.Sub(start), err)
+				t.Skipf("the acquisition (%v) missed the lease's window, or outlived its TTL: %v", acquired-start, err)
 			}
 			waiter := New(d.cli, &Options{Prefix: d.prefix})
 			t.Cleanup(func() { _ = waiter.Close() })
-			var handover time.Time
+			var handover time.Duration
 			for {
 				_, err := waiter.Acquire(ctx, resource, "next", ttl)
 				if err == nil {
-					handover = time.Now()
+					handover = trustclock.Now()
 					break
 				}
 				var busy *driver.BusyError
@@ -237,7 +239,7 @@ func TestCrashedHolderHandover(t *testing.T) {
 				}
 				time.Sleep(5 * time.Millisecond)
 			}
-			if early := handover.Sub(start); early < ttl {
+			if early := handover - start; early < ttl {
 				t.Fatalf("handed over %v after the holder's acquisition started, before its TTL %v", early, ttl)
 			}
 			d.ahead.mu.Lock()
@@ -246,17 +248,17 @@ func TestCrashedHolderHandover(t *testing.T) {
 			if !ok {
 				t.Fatalf("etcd lease %x is not in use by the holder's acquisition", pooled.id)
 			}
-			expiresBy := used.recv.Add(time.Duration(used.ttl) * time.Second)
+			expiresBy := used.recv + time.Duration(used.ttl)*time.Second
 			t.Logf("handed over %v after the TTL (from the acquisition's return), %v after the lease's latest expiry",
-				handover.Sub(acquired)-ttl, handover.Sub(expiresBy))
-			if late := handover.Sub(expiresBy); late > etcdDelay+slack {
+				handover-acquired-ttl, handover-expiresBy)
+			if late := handover - expiresBy; late > etcdDelay+slack {
 				t.Fatalf("handed over %v after etcd expired the lease, more than %v + %v", late, etcdDelay, slack)
 			}
 			opens, _ := used.window(ttl)
-			if anyTime && !acquired.Before(opens) {
-				t.Skipf("the acquisition returned %v after the lease's window opened: a correct use, not the mutation's", acquired.Sub(opens))
+			if anyTime && acquired >= opens {
+				t.Skipf("the acquisition returned %v after the lease's window opened: a correct use, not the mutation's", acquired-opens)
 			}
-			over := expiresBy.Sub(acquired) - ttl
+			over := expiresBy - acquired - ttl
 			if beyond := over > bound; beyond != anyTime {
 				t.Fatalf("anyTime=%v: the lease lives until %v after the acquisition's return + TTL, bound %v", anyTime, over, bound)
 			}

@@ -12,7 +12,9 @@
 // acquisition (ahead.go) is used only in the window of its life where etcd keeps it at least
 // the TTL from the acquisition's start and at most Options.AheadBound (1 s) more, and one
 // that a confirmed release freed is reused by a later acquisition after a keepalive that
-// starts its life again (reuse.go). When the
+// starts its life again (reuse.go). Both pools judge a lease's remaining life on the trust
+// window's clock (internal/trustclock), which counts a suspend of the machine, as etcd's
+// server does while the client sleeps. When the
 // etcd lease runs out the cluster deletes the owner key, and every later Txn that requires it fails. No client clock decides
 // anything. Because etcd exposes no clock of its own, the times this backend reports are the
 // local clock's and informational: lease_until is the local time at grant plus the granted TTL
@@ -404,7 +406,7 @@ func (d *Driver) Acquire(ctx context.Context, resource, owner string, ttl time.D
 		if own, err = d.acquisitionLease(ctx, ttl, resource, owner); err != nil {
 			return driver.Grant{}, driver.NotApplied(err)
 		}
-		lease = aheadLease{id: own.id, ttl: own.ttl, sent: own.sent}
+		lease = aheadLease{id: own.id, ttl: own.ttl, sent: own.sent, sentWall: own.sentWall}
 	}
 	keep, granted := false, false
 	defer func() {
@@ -424,7 +426,7 @@ func (d *Driver) Acquire(ctx context.Context, resource, owner string, ttl time.D
 			d.forgetOwned(own.id)
 		}
 	}()
-	until := lease.sent.Add(time.Duration(lease.ttl) * time.Second)
+	until := lease.sentWall.Add(time.Duration(lease.ttl) * time.Second)
 	// The reads of a retry, in its Txn's Else: nil on the first attempt (see below).
 	var reread []clientv3.Op
 	for range acquireAttempts {
@@ -452,8 +454,8 @@ func (d *Driver) Acquire(ctx context.Context, resource, owner string, ttl time.D
 				own = ownedLease{}
 				return driver.Grant{}, driver.NotApplied(err)
 			}
-			lease = aheadLease{id: own.id, ttl: own.ttl, sent: own.sent}
-			until = lease.sent.Add(time.Duration(lease.ttl) * time.Second)
+			lease = aheadLease{id: own.id, ttl: own.ttl, sent: own.sent, sentWall: own.sentWall}
+			until = lease.sentWall.Add(time.Duration(lease.ttl) * time.Second)
 			continue
 		}
 		if err != nil {

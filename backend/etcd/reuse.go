@@ -8,6 +8,8 @@ import (
 
 	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
+
+	"github.com/fenced-dev/fenced/internal/trustclock"
 )
 
 // Reusing etcd leases. A lease granted ahead (ahead.go) serves only inside a window of its life;
@@ -26,7 +28,9 @@ import (
 // acquisition. The acquisition starts before S and its Txn is sent after R, so the lease
 // lasts at least the TTL from the acquisition's start and outlives the Txn by at most the
 // rounding: exactly the bounds of a lease granted during the acquisition. Grant reports
-// LeaseUntil as S + T.
+// LeaseUntil as S + T. The pool's times are read on the trust window's clock
+// (internal/trustclock), which counts a suspend of the machine as etcd's server does, so that
+// a lease whose life a suspend ended is dropped rather than kept alive in vain.
 //
 // Expiry stays etcd's decision: the owner key is put with the lease, and etcd deletes it when
 // the lease runs out. The schedules this has to get right (reuse_test.go forces each):
@@ -52,21 +56,23 @@ import (
 // Options.DisableLeaseReuse turns the pool off (each lease granted during an acquisition is
 // revoked after its release, as before).
 
-// reuseMargin: a pooled lease within this of its end (on the local clock, from the request
-// of its last grant or keepalive) is dropped rather than kept alive.
+// reuseMargin: a pooled lease within this of its end (on trustclock, from the request of its
+// last grant or keepalive) is dropped rather than kept alive.
 const reuseMargin = 250 * time.Millisecond
 
 // ownedLease is an etcd lease that an acquisition granted or took from the reuse pool, while it
 // may carry that acquisition's owner key.
 type ownedLease struct {
 	id              clientv3.LeaseID
-	key             int64     // the TTL asked of etcd, in seconds: the pool it returns to
-	ttl             int64     // seconds, as granted (etcd may raise a small TTL)
-	sent            time.Time // the request of the last grant or keepalive (monotonic)
-	resource, owner string    // the acquisition that put its owner key on it
+	key             int64         // the TTL asked of etcd, in seconds: the pool it returns to
+	ttl             int64         // seconds, as granted (etcd may raise a small TTL)
+	sent            time.Duration // the request of the last grant or keepalive (trustclock.Now)
+	sentWall        time.Time     // the wall clock at sent, for the LeaseUntil reported (informational)
+	resource, owner string        // the acquisition that put its owner key on it
 }
 
-func (l ownedLease) ends() time.Time { return l.sent.Add(time.Duration(l.ttl) * time.Second) }
+// ends is the earliest moment etcd may expire the lease, on trustclock.
+func (l ownedLease) ends() time.Duration { return l.sent + time.Duration(l.ttl)*time.Second }
 
 // reusePool is the driver's state for reuse; it shares ahead's mutex.
 type reusePool struct {
@@ -92,14 +98,14 @@ func (d *Driver) acquisitionLease(ctx context.Context, ttl time.Duration, resour
 		if !ok {
 			break
 		}
-		sent := time.Now()
+		sent, sentWall := trustclock.Now(), time.Now()
 		if d.ahead.reuse.noRefresh {
 			return d.own(l, resource, owner), nil
 		}
 		resp, err := d.cli.KeepAliveOnce(ctx, l.id)
 		switch {
 		case err == nil && resp.TTL > 0 && time.Duration(resp.TTL)*time.Second >= ttl:
-			l.ttl, l.sent = resp.TTL, sent
+			l.ttl, l.sent, l.sentWall = resp.TTL, sent, sentWall
 			return d.own(l, resource, owner), nil
 		case (err == nil || leaseGone(err)) && !d.ahead.reuse.goneIsError:
 			// etcd expired it (or someone revoked it): it carries nothing; try the next.
@@ -116,12 +122,12 @@ func (d *Driver) acquisitionLease(ctx context.Context, ttl time.Duration, resour
 
 // grantOwned grants a lease for one acquisition.
 func (d *Driver) grantOwned(ctx context.Context, ttl time.Duration, resource, owner string) (ownedLease, error) {
-	sent := time.Now()
+	sent, sentWall := trustclock.Now(), time.Now()
 	resp, err := d.cli.Grant(ctx, ttlSeconds(ttl))
 	if err != nil {
 		return ownedLease{}, fmt.Errorf("grant etcd lease: %w", err)
 	}
-	return d.own(ownedLease{id: resp.ID, key: ttlSeconds(ttl), ttl: resp.TTL, sent: sent}, resource, owner), nil
+	return d.own(ownedLease{id: resp.ID, key: ttlSeconds(ttl), ttl: resp.TTL, sent: sent, sentWall: sentWall}, resource, owner), nil
 }
 
 // own records the lease as an acquisition's.
@@ -140,14 +146,14 @@ func (d *Driver) own(l ownedLease, resource, owner string) ownedLease {
 // takeIdle takes a released lease for key from the pool, dropping those near their end.
 func (d *Driver) takeIdle(key int64) (ownedLease, bool) {
 	a := &d.ahead
-	now := time.Now()
+	now := trustclock.Now()
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	list := a.reuse.idle[key]
 	for len(list) > 0 {
 		l := list[len(list)-1] // the most recently released: the longest life left
 		list = list[:len(list)-1]
-		if now.Add(reuseMargin).Before(l.ends()) {
+		if now+reuseMargin < l.ends() {
 			a.reuse.idle[key] = list
 			return l, true
 		}
@@ -161,10 +167,10 @@ func (d *Driver) takeIdle(key int64) (ownedLease, bool) {
 // background (a lease near its end is left to expire).
 func (d *Driver) releasedOwned(l ownedLease) {
 	a := &d.ahead
-	now := time.Now()
+	now := trustclock.Now()
 	a.mu.Lock()
 	delete(a.reuse.owned, l.id)
-	if !a.closed && !d.noReuse && now.Add(reuseMargin).Before(l.ends()) && len(a.reuse.idle[l.key]) < maxAhead {
+	if !a.closed && !d.noReuse && now+reuseMargin < l.ends() && len(a.reuse.idle[l.key]) < maxAhead {
 		if a.reuse.idle == nil {
 			a.reuse.idle = map[int64][]ownedLease{}
 		}
@@ -173,7 +179,7 @@ func (d *Driver) releasedOwned(l ownedLease) {
 		return
 	}
 	a.mu.Unlock()
-	if now.Before(l.ends()) {
+	if now < l.ends() {
 		d.revokeLater(l.id)
 	}
 }
@@ -182,11 +188,11 @@ func (d *Driver) releasedOwned(l ownedLease) {
 // certainly expired (their release never came).
 func (d *Driver) ownedLeaseOf(id clientv3.LeaseID) (ownedLease, bool) {
 	a := &d.ahead
-	now := time.Now()
+	now := trustclock.Now()
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	for other, l := range a.reuse.owned {
-		if !now.Before(l.ends()) && other != id {
+		if now >= l.ends() && other != id {
 			delete(a.reuse.owned, other)
 		}
 	}
