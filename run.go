@@ -95,9 +95,16 @@ func Run(ctx context.Context, s *Store, resource string, opts *RunOptions, build
 			return Result{}, invalid("renew interval", "%s is not shorter than the trust window %s", o.RenewEvery, o.TTL-margin)
 		}
 	}
-	if err := lease.Fence(ctx, o.Fence...); err != nil {
+	ferr := fenceWhileTrusted(ctx, lease, o.Fence)
+	// A slow fence, or a grant after a long wait, may have used up the trust window: build
+	// must not start under a lease already lost.
+	if lost := lease.Err(); lost != nil {
 		s.release(ctx, lease)
-		return Result{}, fmt.Errorf("run %q: %w", resource, err)
+		return Result{}, fmt.Errorf("run %q: the lease was lost before the build could start, so it did not run: %w", resource, lost)
+	}
+	if ferr != nil {
+		s.release(ctx, lease)
+		return Result{}, fmt.Errorf("run %q: %w", resource, ferr)
 	}
 
 	buildCtx, cancel := context.WithCancelCause(ctx)
@@ -152,6 +159,25 @@ func Run(ctx context.Context, s *Store, resource string, opts *RunOptions, build
 		return Result{}, err
 	}
 	return res, nil
+}
+
+// fenceWhileTrusted fences dests under a context that ends when the lease stops being trusted.
+func fenceWhileTrusted(ctx context.Context, lease *Lease, dests []Fencer) error {
+	if len(dests) == 0 {
+		return nil
+	}
+	fctx, cancel := context.WithCancelCause(ctx)
+	defer cancel(nil)
+	stop := make(chan struct{})
+	defer close(stop)
+	go func() {
+		select {
+		case <-lease.Done():
+			cancel(lease.Err())
+		case <-stop:
+		}
+	}()
+	return lease.Fence(fctx, dests...)
 }
 
 // settle resolves a publication whose reply was lost, trying a few times within the release

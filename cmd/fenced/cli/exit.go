@@ -28,7 +28,8 @@ const exitCodesHelp = `Exit codes:
   0  done
   1  operational error (database unreachable, I/O, a write sent to a read-only standby,
      an acquisition after a restore or promotion until "fenced epoch bump", a bearer
-     token that "fenced serve" does not know)
+     token that "fenced serve" does not know, a run interrupted by SIGINT, SIGTERM or
+     SIGHUP)
   2  usage or invalid input (bad flag, argument, duration, generation, token, payload
      too large)
   3  busy: another owner holds an unexpired lease

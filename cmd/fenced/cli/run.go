@@ -8,6 +8,7 @@ import (
 	"io/fs"
 	"os"
 	"os/exec"
+	"runtime"
 	"strconv"
 	"strings"
 	"syscall"
@@ -90,8 +91,22 @@ when it does not know the resource, 1 when it cannot be reached.
 The command is trusted only while the lease is: until acquired + TTL - safety margin on this
 machine's monotonic clock, extended by each successful renewal with --renew. When the lease
 is lost (a renewal refused, or the trust window ends) the command's process group gets
-SIGTERM, then SIGKILL after --grace; nothing is published and the exit code is 5. Even a
-publication attempted at the last moment is checked by the database.
+SIGTERM, then SIGKILL once --grace has passed, whether or not COMMAND itself has exited by
+then; nothing is published and the exit code is 5. The grace defaults to half the safety
+margin (TTL/20), at most 10s; a --grace longer than the margin (TTL/10) is refused, since a
+command that ignored SIGTERM would still run after the database let another owner in. If
+the lease is already lost when COMMAND would start (a slow --fence, a slow grant after
+--wait), COMMAND does not start and the exit code is 5. Even a publication attempted at the
+last moment is checked by the database.
+
+When fenced itself gets SIGINT, SIGTERM or SIGHUP (a closed terminal or ssh session), the
+command's process group is stopped the same way, nothing is published, the lease is
+released and the exit code is 1. On Linux, a fenced killed outright (kill -9) takes
+COMMAND's first process with it (SIGKILL); COMMAND's own children are not covered.
+
+COMMAND runs in a process group of its own, so that the whole group can be stopped: if
+standard input is a terminal, a COMMAND that reads it is stopped by SIGTTIN. Give it its
+input through a pipe or a file (fenced run ... < input).
 
 A command that fails publishes nothing, and its exit code is passed on (128+N when it was
 killed by signal N, 127 when it could not be started).
@@ -112,8 +127,8 @@ artifact store, and the payload published is a pointer to it.`,
 			if wait < 0 {
 				return usagef("invalid --wait %s: it must not be negative", wait)
 			}
-			if grace <= 0 {
-				return usagef("invalid --grace %s: it must be positive", grace)
+			if grace, err = runGrace(d, grace, cmd.Flags().Changed("grace")); err != nil {
+				return err
 			}
 			var dests []fenced.Fencer
 			azureLease := false
@@ -149,16 +164,38 @@ artifact store, and the payload published is a pointer to it.`,
 	cmd.Flags().StringVar(&ttl, "ttl", "", "the lease's time to live, e.g. 30s (required)")
 	cmd.Flags().DurationVar(&wait, "wait", 0, "how long to wait while the resource is busy (default: do not wait); then exit 3")
 	cmd.Flags().BoolVar(&renew, "renew", false, "renew the lease every TTL/3 while the command runs")
-	cmd.Flags().DurationVar(&grace, "grace", 10*time.Second, "how long after SIGTERM a command that lost its lease gets before SIGKILL")
+	cmd.Flags().DurationVar(&grace, "grace", 0, "how long after SIGTERM a command that lost its lease gets before SIGKILL (default: TTL/20, at most 10s; at most TTL/10)")
 	cmd.Flags().StringArrayVar(&fences, "fence", nil, "fence this destination (a service's fence URL, azblob://, gs://) before the command starts; repeatable")
 	art.add(cmd)
 	_ = cmd.MarkFlagRequired("ttl")
 	return cmd
 }
 
+// maxGrace is the longest default --grace.
+const maxGrace = 10 * time.Second
+
+// runGrace is the grace a stopped command gets between SIGTERM and SIGKILL. SIGTERM comes
+// when the trust window ends, a safety margin before the database's expiry, so SIGKILL must
+// come within that margin: the default is half of it (at most maxGrace), and an explicit
+// grace longer than it is refused. The margin is the store's default, TTL/10: the CLI never
+// sets Config.SafetyMargin.
+func runGrace(ttl, grace time.Duration, set bool) (time.Duration, error) {
+	margin := ttl / 10
+	switch {
+	case !set:
+		return max(min(margin/2, maxGrace), time.Millisecond), nil
+	case grace <= 0:
+		return 0, usagef("invalid --grace %s: it must be positive", grace)
+	case grace > margin:
+		return 0, usagef("--grace %s is longer than the safety margin %s of --ttl %s, so a command ignoring SIGTERM would outlive the lease; give a longer --ttl (at least %s) or a shorter --grace",
+			grace, margin, ttl, 10*grace)
+	}
+	return grace, nil
+}
+
 // runCommand runs argv with the lease in its environment and returns its standard output.
-// When ctx ends (the lease is lost) the process group gets SIGTERM, then SIGKILL after grace.
-// azureLease adds the Azure blob lease ID to the environment.
+// When ctx ends (the lease is lost, or fenced is interrupted) the process group gets SIGTERM,
+// then SIGKILL after grace. azureLease adds the Azure blob lease ID to the environment.
 func (a *app) runCommand(ctx context.Context, l *fenced.Lease, argv []string, grace time.Duration, azureLease bool, limit int) ([]byte, error) {
 	out := &limitedBuffer{limit: limit}
 	if err := a.runCommandTo(ctx, l, argv, grace, azureLease, out); err != nil {
@@ -172,12 +209,20 @@ func (a *app) runCommand(ctx context.Context, l *fenced.Lease, argv []string, gr
 
 // runCommandTo runs argv with the lease in its environment, its standard output going to out.
 func (a *app) runCommandTo(ctx context.Context, l *fenced.Lease, argv []string, grace time.Duration, azureLease bool, out io.Writer) error {
+	if ctx.Err() != nil { // the lease was lost before the command could start
+		return stopCause(ctx, argv[0], "was not started")
+	}
 	c := exec.Command(argv[0], argv[1:]...)
 	c.Env = commandEnv(l, azureLease)
 	c.Stdin, c.Stderr = a.stdin, a.stderr
 	c.Stdout = out
 	c.SysProcAttr = commandProcAttr()
 	c.WaitDelay = grace // a grandchild that keeps stdout open cannot hold us forever
+	// The kernel sends a parent-death signal when the thread that started the command ends,
+	// not the process (go.dev/issue/27505): keep this goroutine on its thread from Start to
+	// Wait, so that no other goroutine can end that thread while the command runs.
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
 	if err := c.Start(); err != nil {
 		return &commandExit{code: 127, desc: fmt.Sprintf("cannot start %s: %v", argv[0], startCause(err))}
 	}
@@ -192,20 +237,33 @@ func (a *app) runCommandTo(ctx context.Context, l *fenced.Lease, argv []string, 
 		case <-ctx.Done():
 		}
 		_ = signalGroup(c.Process, syscall.SIGTERM)
+		// SIGKILL at the grace deadline even if the first process has exited: another member
+		// of the group may ignore SIGTERM.
 		kill := time.NewTimer(grace)
 		defer kill.Stop()
-		select {
-		case <-exited:
-		case <-kill.C:
-			_ = signalGroup(c.Process, syscall.SIGKILL)
-		}
+		<-kill.C
+		_ = signalGroup(c.Process, syscall.SIGKILL)
 	}()
-	err := c.Wait()
+	// Learn that the command exited without reaping it: until Wait reaps it, its pid, which
+	// is the group's id, cannot be reused, so the SIGKILL above cannot reach another group.
+	var err error
+	reaped := !waitExit(c.Process)
+	if reaped {
+		err = c.Wait()
+	}
+	select {
+	case <-ctx.Done():
+		<-stopped // reap only once the group has had its SIGKILL
+	default:
+	}
 	close(exited)
 	<-stopped
+	if !reaped {
+		err = c.Wait()
+	}
 
 	if ctx.Err() != nil {
-		return context.Cause(ctx) // fenced.Run reports the lost lease
+		return stopCause(ctx, argv[0], "was stopped")
 	}
 	var ee *exec.ExitError
 	switch {
@@ -246,6 +304,16 @@ func commandEnv(l *fenced.Lease, azureLease bool) []string {
 		env = append(env, azureLeaseIDVar+"="+azureblob.LeaseID(l.Resource(), l.Owner()))
 	}
 	return env
+}
+
+// stopCause is the error of a command that ctx stopped (or never let start): the lost lease
+// as fenced.Run reports it, or the signal that interrupted fenced.
+func stopCause(ctx context.Context, name, what string) error {
+	cause := context.Cause(ctx)
+	if errors.Is(cause, fenced.ErrLeaseLost) {
+		return cause
+	}
+	return fmt.Errorf("%s %s, since fenced was interrupted (%w); nothing was published", name, what, cause)
 }
 
 // limitedBuffer keeps up to limit bytes and notes whether more arrived; it keeps accepting

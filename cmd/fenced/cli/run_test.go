@@ -79,7 +79,7 @@ func TestRunLostLeaseTerminates(t *testing.T) {
 func TestRunKillsAfterGrace(t *testing.T) {
 	tg := runTarget(t)
 	pidFile := filepath.Join(tg.dir, "child.pid")
-	r := tg.run(nil, "run", "job", "--ttl", "300ms", "--grace", "200ms", "--",
+	r := tg.run(nil, "run", "job", "--ttl", "2s", "--grace", "200ms", "--",
 		"sh", "-c", `trap '' TERM; sleep 60 & echo $! > `+pidFile+`; wait`)
 	if r.code != 5 {
 		t.Fatalf("exit %d, stderr %q", r.code, r.stderr)
@@ -123,6 +123,10 @@ func TestRunBusyAndBadInput(t *testing.T) {
 	tg.fails(2, nil, "run", "job", "--ttl", "0s", "--", "true")
 	tg.fails(2, nil, "run", "job", "extra", "--ttl", "1s", "--", "true")
 	tg.fails(4, nil, "run", "missing", "--ttl", "1s", "--", "touch", marker)
+	if msg := tg.fails(2, nil, "run", "job", "--ttl", "30s", "--grace", "10s", "--", "touch", marker); !strings.Contains(msg,
+		"--grace 10s is longer than the safety margin 3s of --ttl 30s") || !strings.Contains(msg, "longer --ttl") {
+		t.Errorf("a grace past the margin: %q", msg)
+	}
 
 	tg.ok(nil, "provision", "big")
 	r := tg.run(nil, "run", "big", "--ttl", "30s", "--", "head", "-c", "4194305", "/dev/zero")
