@@ -173,6 +173,9 @@ func (e *OutcomeUnknownError) Error() string {
 	if e.OpID != "" {
 		msg += fmt.Sprintf(" (operation %s; resolve it to learn whether it was accepted)", e.OpID)
 	}
+	if e.Owner != "" {
+		msg += fmt.Sprintf(" (the lease may have been granted to owner %s: Show tells whether it holds it)", e.Owner)
+	}
 	return fmt.Sprintf("%s: %v", msg, e.Err)
 }
 

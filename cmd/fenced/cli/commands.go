@@ -3,9 +3,11 @@ package cli
 import (
 	"context"
 	"crypto/rand"
+	"errors"
 	"fmt"
 	"io"
 	"os"
+	"strings"
 	"time"
 
 	"github.com/spf13/cobra"
@@ -109,6 +111,11 @@ back-off, and when the holder's lease runs out on the database's clock.`,
 				cancel()
 			} else {
 				l, err = s.Acquire(cmd.Context(), args[0], d)
+			}
+			var unknown *fenced.OutcomeUnknownError
+			if errors.As(err, &unknown) && unknown.Owner != "" {
+				return fmt.Errorf(`%w; "fenced show %s" tells whether owner %s holds it, and if so "fenced release %[2]s --owner %[3]s --generation G", with the generation shown, frees it (else it expires after its TTL)`,
+					err, shellQuote(args[0]), unknown.Owner)
 			}
 			if err != nil {
 				return err
@@ -398,4 +405,13 @@ verified. --pointer prints the pointer as JSON instead.`,
 	cmd.Flags().StringVar(&output, "output", "", "write to this file (created only when complete and verified) instead of standard output")
 	addStoreFlag(cmd, &store)
 	return cmd
+}
+
+// shellQuote quotes s for a POSIX shell when it holds anything but letters, digits and ._/-,
+// so that a command suggested in a message can be pasted as it is.
+func shellQuote(s string) string {
+	if s != "" && strings.Trim(s, "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789._/-") == "" {
+		return s
+	}
+	return "'" + strings.ReplaceAll(s, "'", `'\''`) + "'"
 }

@@ -41,7 +41,8 @@ const exitCodesHelp = `Exit codes:
      resolved, an epoch bumped since, the database restored or promoted since), or run
      lost its lease; nothing changed
   6  outcome unknown: the request may have reached the database but the reply was lost;
-     for publish, "fenced resolve ID" settles it
+     for publish, "fenced resolve ID" settles it; for acquire, the message names the
+     owner, and "fenced show" tells whether it holds the lease
   7  torture found violations (a model check that did not finish is 1, not 0)
   8  permission denied: the database refused the operation to the role connected (not
      granted to it by "fenced grant --as", or the resource is outside its --prefix), or

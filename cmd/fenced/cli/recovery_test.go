@@ -1,9 +1,11 @@
 package cli_test
 
 import (
+	"bytes"
 	"crypto/rand"
 	"fmt"
 	"net/url"
+	"regexp"
 	"strconv"
 	"strings"
 	"testing"
@@ -137,5 +139,41 @@ func TestUnknownOutcome(t *testing.T) {
 	}
 	if got := direct.ok(nil, "get", "r"); string(got) != "committed" {
 		t.Fatalf("published %q", got)
+	}
+}
+
+// TestUnknownAcquireNamesOwner loses the reply to an acquisition after PostgreSQL committed
+// it: the command exits 6 naming the owner it would have installed and how to find and free
+// the lease, and following that advice works. Before, the owner was left out, and a lease
+// granted with a long TTL could not be released.
+func TestUnknownAcquireNamesOwner(t *testing.T) {
+	t.Parallel()
+	direct := target{t: t, url: postgresSchema(t), dir: t.TempDir()}
+	u, err := url.Parse(direct.url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	proxy := drivertest.StartProxy(t, u.Host)
+	u.Host = proxy.Addr()
+	proxied := target{t: t, url: u.String(), dir: direct.dir}
+
+	res := "lost-acquire-" + rand.Text()
+	direct.ok(nil, "provision", res)
+	// The acquisition's execution (Bind, with the resource among its parameters).
+	proxy.LoseReplyToRequest(func(req []byte) bool { return len(req) > 0 && req[0] == 'B' && bytes.Contains(req, []byte(res)) })
+	r := proxied.run(nil, "acquire", res, "--ttl", "24h")
+	checkSentence(t, r.stderr)
+	m := regexp.MustCompile(`granted to owner (\S+):.*; "fenced show ` + res + `" tells whether owner (\S+) holds it, and if so "fenced release ` +
+		res + ` --owner (\S+) --generation G"`).FindStringSubmatch(r.stderr)
+	if r.code != 6 || m == nil || m[1] != m[2] || m[2] != m[3] {
+		t.Fatalf("acquire with its reply lost: exit %d, stderr %q", r.code, r.stderr)
+	}
+	st := direct.show(res)
+	if !st.Held || st.Owner == nil || *st.Owner != m[1] {
+		t.Fatalf("the lease granted with the lost reply: %+v, want it held by %s", st, m[1])
+	}
+	direct.ok(nil, "release", res, "--owner", m[1], "--generation", strconv.FormatInt(st.Generation, 10))
+	if st := direct.show(res); st.Held {
+		t.Fatalf("still held after the release the message suggested: %+v", st)
 	}
 }
