@@ -111,18 +111,24 @@ func TestGrantAndPrune(t *testing.T) {
 	}
 }
 
-// TestUnknownOutcome loses the reply to a publication after PostgreSQL committed it: the
-// command exits 6 and names the operation, and resolve then says it was accepted.
-func TestUnknownOutcome(t *testing.T) {
-	t.Parallel()
-	direct := target{t: t, url: postgresSchema(t), dir: t.TempDir()}
+// proxiedPostgres is a fresh PostgreSQL schema reached directly and through a proxy that can
+// lose a reply.
+func proxiedPostgres(t *testing.T) (direct, proxied target, proxy *drivertest.Proxy) {
+	direct = target{t: t, url: postgresSchema(t), dir: t.TempDir()}
 	u, err := url.Parse(direct.url)
 	if err != nil {
 		t.Fatal(err)
 	}
-	proxy := drivertest.StartProxy(t, u.Host)
+	proxy = drivertest.StartProxy(t, u.Host)
 	u.Host = proxy.Addr()
-	proxied := target{t: t, url: u.String(), dir: direct.dir}
+	return direct, target{t: t, url: u.String(), dir: direct.dir}, proxy
+}
+
+// TestUnknownOutcome loses the reply to a publication after PostgreSQL committed it: the
+// command exits 6 and names the operation, and resolve then says it was accepted.
+func TestUnknownOutcome(t *testing.T) {
+	t.Parallel()
+	direct, proxied, proxy := proxiedPostgres(t)
 
 	direct.ok(nil, "provision", "r")
 	l := direct.acquire("r", "1m")
@@ -148,14 +154,7 @@ func TestUnknownOutcome(t *testing.T) {
 // granted with a long TTL could not be released.
 func TestUnknownAcquireNamesOwner(t *testing.T) {
 	t.Parallel()
-	direct := target{t: t, url: postgresSchema(t), dir: t.TempDir()}
-	u, err := url.Parse(direct.url)
-	if err != nil {
-		t.Fatal(err)
-	}
-	proxy := drivertest.StartProxy(t, u.Host)
-	u.Host = proxy.Addr()
-	proxied := target{t: t, url: u.String(), dir: direct.dir}
+	direct, proxied, proxy := proxiedPostgres(t)
 
 	res := "lost-acquire-" + rand.Text()
 	direct.ok(nil, "provision", res)
