@@ -14,6 +14,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/fenced-dev/fenced"
+	"github.com/fenced-dev/fenced/backend/remote"
 	"github.com/fenced-dev/fenced/cmd/fenced/cli"
 )
 
@@ -154,5 +156,50 @@ func waitForWaiters(t *testing.T, url string, n int) {
 			t.Fatalf("the service does not count %d waiters after 30 s", n)
 		}
 		<-time.After(10 * time.Millisecond) // a polling interval: the condition above orders the test
+	}
+}
+
+// TestWaitInServiceRenewsLateGrant holds acquireWaitInEngine to its comment: a lease granted
+// after a wait longer than the safety margin is renewed at once, so that its trust window runs
+// from after the grant, not from the wait's request. The margin is 1ms, so any wait outlasts
+// it; the barrier is the service counting the waiter before the holder releases.
+func TestWaitInServiceRenewsLateGrant(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	svc := startService(t, "--db", "sqlite:"+filepath.Join(dir, "service.db"))
+	tg := target{t: t, url: svc.url, dir: dir}
+	const res, ttl, margin = "late grant", 30 * time.Second, time.Millisecond
+	tg.ok(nil, "provision", res)
+	holder := tg.acquire(res, "1h")
+
+	drv, err := remote.Open(svc.url, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, err := fenced.New(context.Background(), drv, &fenced.Config{SafetyMargin: margin, SkipMigrate: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = s.Close() })
+	type grant struct {
+		l   *fenced.Lease
+		err error
+	}
+	got := make(chan grant, 1)
+	go func() {
+		l, err := s.AcquireWait(context.Background(), res, ttl)
+		got <- grant{l, err}
+	}()
+	waitForWaiters(t, svc.url, 1)
+	released := time.Now() // the grant comes after this, and so does any renewal
+	tg.ok(nil, leaseArgs("release", res, holder)...)
+	g := <-got
+	if g.err != nil {
+		t.Fatal(g.err)
+	}
+	t.Cleanup(func() { _ = g.l.Release(context.Background()) })
+	if want := released.Add(ttl - margin); g.l.TrustUntil().Before(want) {
+		t.Fatalf("trusted until %s, before the release + TTL - margin %s: the window still ran from the wait's request",
+			g.l.TrustUntil().Format(time.StampMicro), want.Format(time.StampMicro))
 	}
 }
