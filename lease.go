@@ -171,7 +171,8 @@ func (l *Lease) LeaseUntil() time.Time {
 
 // TrustUntil is the end of the local trust window (zero for a LeaseFor handle), as a time on
 // this machine's clock read now: a suspend since the window began has already brought it
-// closer.
+// closer. It is worked out from the clocks at each call, so two calls may differ by the
+// microseconds between their readings.
 func (l *Lease) TrustUntil() time.Time {
 	l.mu.Lock()
 	defer l.mu.Unlock()

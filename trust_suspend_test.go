@@ -116,3 +116,44 @@ func TestRunStopsAfterASuspend(t *testing.T) {
 		t.Fatalf("published after the window ended: %+v", st)
 	}
 }
+
+// blockedFencer answers a fence only when its context ends, after saying it was called.
+type blockedFencer struct{ called chan struct{} }
+
+func (f blockedFencer) Fence(ctx context.Context, resource string, token Token) error {
+	close(f.called)
+	<-ctx.Done()
+	return context.Cause(ctx)
+}
+
+// A fence that outlasts the trust window (here a suspend ends it) stops Run before the build:
+// the build never runs under a lease already lost, and nothing is published.
+func TestRunNeverBuildsAfterASlowFence(t *testing.T) {
+	const resource = "slow fence ü"
+	s := suspendStore(t, resource)
+	f := blockedFencer{called: make(chan struct{})}
+	errc := make(chan error, 1)
+	built := false
+	go func() {
+		_, err := Run(context.Background(), s, resource, &RunOptions{TTL: time.Minute, Fence: []Fencer{f}},
+			func(ctx context.Context, _ *Lease) ([]byte, error) {
+				built = true
+				return []byte("built under a lost lease"), nil
+			})
+		errc <- err
+	}()
+	<-f.called
+	trustclock.Suspend(2 * time.Minute)
+	trustclock.Look()
+	select {
+	case err := <-errc:
+		if !errors.Is(err, ErrLeaseLost) || !strings.Contains(err.Error(), "before the build could start") {
+			t.Fatalf("Run: %v, want ErrLeaseLost before the build", err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("Run did not stop when the trust window ended during the fence")
+	}
+	if built {
+		t.Fatal("the build ran under a lost lease")
+	}
+}
