@@ -373,7 +373,8 @@ func (w *loopWriter) gone() bool {
 		_, err := w.br.Peek(1)
 		_ = tc.SetReadDeadline(time.Time{})
 		var ne net.Error
-		return err != nil && !(errors.As(err, &ne) && ne.Timeout())
+		timedOut := errors.As(err, &ne) && ne.Timeout()
+		return err != nil && !timedOut
 	}
 	return false
 }
