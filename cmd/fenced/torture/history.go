@@ -475,9 +475,10 @@ func (h *History) number(ops []Op, procs []string, owners int) {
 		if op.Unknown() && (op.Note == "" || op.Return == 0) {
 			// An unknown outcome may take effect at any moment after the call, so it returns
 			// at the end of the history; except a reply the drop-reply fault threw away: the
-			// worker's wrapper had the database's answer before its RETURN record, so the
-			// effect, whatever it was, lies within the recorded interval (its outcome stays
-			// unknown to the checker).
+			// worker's wrapper had the database's answer before its RETURN record (the fault
+			// drops only definite answers, never a transport error), so the effect, whatever
+			// it was, lies within the recorded interval (its outcome stays unknown to the
+			// checker).
 			op.Return = h.End
 		}
 		op.Proc = procs[op.procN]

@@ -310,7 +310,8 @@ func outcome(ok bool, err error) string {
 // dropper is the drop-reply fault: it runs the real operation and then, when the seeded draw
 // says so, throws the reply away and returns an error, as a connection lost after the commit
 // would. The true result is written to the history as a note for the report; the checker
-// never reads it. Not safe for concurrent use.
+// never reads it, but the note bounds the operation's interval (history.go), so it is written
+// only for a definite answer. Not safe for concurrent use.
 type dropper struct {
 	driver.Driver
 	rng *rand.Rand
@@ -318,8 +319,13 @@ type dropper struct {
 	rec *Recorder
 }
 
-func (d *dropper) drop(op string, result string) bool {
-	if d.rng.Float64() >= d.p {
+// drop draws whether to throw away the reply to op, whose call returned err, and notes the
+// true result when it does. A call that failed without the database's answer (a reset, a
+// timeout) has no reply to throw away: its effect may still land after the RETURN, so it is
+// left an ordinary unknown outcome, open to the end of the history. The draw is made either
+// way, so that the seed's sequence of draws does not depend on the network.
+func (d *dropper) drop(op string, err error, result string) bool {
+	if d.rng.Float64() >= d.p || !definite(err) {
 		return false
 	}
 	_ = d.rec.Write(Record{Kind: KindNote, ID: d.rec.current(), Event: "drop",
@@ -329,7 +335,7 @@ func (d *dropper) drop(op string, result string) bool {
 
 func (d *dropper) Acquire(ctx context.Context, resource, owner string, ttl time.Duration) (driver.Grant, error) {
 	g, err := d.Driver.Acquire(ctx, resource, owner, ttl)
-	if d.drop(OpAcquire, describe(true, err, fmt.Sprintf("generation %d", g.Generation))) {
+	if d.drop(OpAcquire, err, describe(true, err, fmt.Sprintf("generation %d", g.Generation))) {
 		return driver.Grant{}, errDroppedReply
 	}
 	return g, err
@@ -337,7 +343,7 @@ func (d *dropper) Acquire(ctx context.Context, resource, owner string, ttl time.
 
 func (d *dropper) Renew(ctx context.Context, l driver.LeaseRef, ttl time.Duration) (time.Time, bool, error) {
 	until, ok, err := d.Driver.Renew(ctx, l, ttl)
-	if d.drop(OpRenew, describe(ok, err, "")) {
+	if d.drop(OpRenew, err, describe(ok, err, "")) {
 		return time.Time{}, false, errDroppedReply
 	}
 	return until, ok, err
@@ -345,7 +351,7 @@ func (d *dropper) Renew(ctx context.Context, l driver.LeaseRef, ttl time.Duratio
 
 func (d *dropper) Publish(ctx context.Context, l driver.LeaseRef, pub driver.Publication) (bool, error) {
 	ok, err := d.Driver.Publish(ctx, l, pub)
-	if d.drop(OpPublish, describe(ok, err, "")) {
+	if d.drop(OpPublish, err, describe(ok, err, "")) {
 		return false, errDroppedReply
 	}
 	return ok, err
@@ -353,7 +359,7 @@ func (d *dropper) Publish(ctx context.Context, l driver.LeaseRef, pub driver.Pub
 
 func (d *dropper) PublishAndRelease(ctx context.Context, l driver.LeaseRef, pub driver.Publication) (bool, error) {
 	ok, err := d.Driver.PublishAndRelease(ctx, l, pub)
-	if d.drop(OpPublishRelease, describe(ok, err, "")) {
+	if d.drop(OpPublishRelease, err, describe(ok, err, "")) {
 		return false, errDroppedReply
 	}
 	return ok, err
@@ -361,10 +367,17 @@ func (d *dropper) PublishAndRelease(ctx context.Context, l driver.LeaseRef, pub 
 
 func (d *dropper) Release(ctx context.Context, l driver.LeaseRef) (bool, error) {
 	ok, err := d.Driver.Release(ctx, l)
-	if d.drop(OpRelease, describe(ok, err, "")) {
+	if d.drop(OpRelease, err, describe(ok, err, "")) {
 		return false, errDroppedReply
 	}
 	return ok, err
+}
+
+// definite reports whether a lease operation's err is the database's answer: none (accepted or
+// refused), busy, not provisioned, or proven not applied.
+func definite(err error) bool {
+	var busy *driver.BusyError
+	return err == nil || errors.As(err, &busy) || errors.Is(err, driver.ErrNotFound) || errors.Is(err, driver.ErrNotApplied)
 }
 
 func describe(ok bool, err error, detail string) string {
