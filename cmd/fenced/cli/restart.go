@@ -12,6 +12,9 @@ import (
 	"time"
 
 	"github.com/fenced-dev/fenced/backend/mysql"
+	"github.com/fenced-dev/fenced/backend/postgres"
+	"github.com/fenced-dev/fenced/backend/redis"
+	"github.com/fenced-dev/fenced/driver"
 )
 
 // restartFunc restarts the database server and returns once it accepts connections again.
@@ -75,6 +78,54 @@ func commandRestart(scheme, rawURL, command string) (restartFunc, error) {
 		}
 		return nil
 	}, nil
+}
+
+// serverStart names the running server's start where that is cheap and certain:
+// PostgreSQL's pg_postmaster_start_time() and Redis's run_id, both new at every start of the
+// server. ok is false for the other engines (MariaDB's uptime counts whole seconds; etcd and
+// SQL Server report no start through their clients without extra permissions): their
+// restarts are confirmed only by the restart command's exit and, for MariaDB restarted by
+// torture itself, by its port closing and opening again.
+func serverStart(ctx context.Context, drv driver.Driver) (start string, ok bool, err error) {
+	switch d := drv.(type) {
+	case *postgres.Driver:
+		err = d.Pool().QueryRow(ctx, "SELECT pg_postmaster_start_time()::text").Scan(&start)
+		return start, true, err
+	case *redis.Driver:
+		info, err := d.Client().Info(ctx, "server").Result()
+		if err != nil {
+			return "", true, err
+		}
+		for line := range strings.Lines(info) {
+			if id, found := strings.CutPrefix(strings.TrimSpace(line), "run_id:"); found {
+				return id, true, nil
+			}
+		}
+		return "", true, errors.New("INFO server names no run_id")
+	}
+	return "", false, nil
+}
+
+// restartLanded checks, after a restart that reported success, that the server's start
+// changed from before (serverStart). It asks again for up to 15 s: the first requests after a
+// restart may go to connections the restart closed.
+func restartLanded(ctx context.Context, drv driver.Driver, before string) error {
+	ctx, cancel := context.WithTimeout(ctx, 15*time.Second)
+	defer cancel()
+	for {
+		after, _, err := serverStart(ctx, drv)
+		switch {
+		case err == nil && after == before:
+			return fmt.Errorf("the server did not restart: its start (%s) is the same as before", before)
+		case err == nil:
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("the restart is not confirmed: the server's start could not be read after it: %w", err)
+		case <-time.After(100 * time.Millisecond): // polling the server's state, not ordering work
+		}
+	}
 }
 
 // portToWait is the address whose port torture waits for after the server was restarted (or

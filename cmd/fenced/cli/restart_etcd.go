@@ -41,7 +41,23 @@ func (t *tortureRun) restartFault(ctx context.Context) {
 	if what != "" {
 		detail = what
 	}
+	// The server's start before the restart, where the engine names it (serverStart): a
+	// restart that reported success must have changed it.
+	startCtx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	before, confirmable, serr := serverStart(startCtx, t.drv)
+	cancel()
 	err := t.restart(ctx)
+	unconfirmed := ""
+	switch {
+	case err != nil:
+	case !confirmable && t.o.restartCmd != "": // torture's own MariaDB restart saw the port close and open
+		unconfirmed = " (not confirmed: the engine names no start to compare)"
+	case !confirmable:
+	case serr != nil:
+		unconfirmed = " (not confirmed: the server's start could not be read before it: " + serr.Error() + ")"
+	default:
+		err = restartLanded(ctx, t.drv, before)
+	}
 	switch {
 	case err != nil && what != "":
 		detail = what + ": " + err.Error()
@@ -57,12 +73,18 @@ func (t *tortureRun) restartFault(ctx context.Context) {
 			detail += "; " + rejoined
 		}
 	}
+	detail += unconfirmed
 	// A restarted Redis has a new run id: its scripts bump the epoch at the first
 	// lease-carrying request, which frees every lease held across the restart. The
 	// checker's model must know it, or a holder's refused release is a violation to it.
 	_, selfBump := t.drv.(*redis.Driver)
-	_ = t.nem.Write(torture.Record{Kind: torture.KindEvent, Event: torture.FaultRestart, Time: begin, EndTime: torture.Now(),
-		Detail: detail, SelfBump: selfBump && err == nil})
+	// A restart that failed is recorded with its error, so that the report counts it apart.
+	rec := torture.Record{Kind: torture.KindEvent, Event: torture.FaultRestart, Time: begin, EndTime: torture.Now(),
+		Detail: detail, SelfBump: selfBump && err == nil}
+	if err != nil {
+		rec.Err = err.Error()
+	}
+	_ = t.nem.Write(rec)
 }
 
 // arrangeRole makes the member of the run's first endpoint the leader before the nth fault

@@ -366,18 +366,20 @@ func (t *tortureRun) holdPastCopy(ctx context.Context, snap map[string]torture.S
 }
 
 // bump is the bump fault, and the bump after a restore: fenced epoch bump, recorded on every
-// resource.
-func (t *tortureRun) bump(ctx context.Context) {
+// resource. A bump that failed is recorded with its error (the report counts it apart).
+func (t *tortureRun) bump(ctx context.Context) (int64, error) {
 	begin := torture.Now()
 	var epoch int64
 	err := t.nemesisOps(func(string) torture.Record { return torture.Record{Op: torture.OpBump} },
 		func() (err error) { epoch, err = t.drv.BumpEpoch(ctx); return err },
 		func(string) torture.Record { return torture.Record{Out: torture.OutOK, Epoch: epoch} })
-	detail := fmt.Sprintf("epoch bumped to %d", epoch)
+	rec := torture.Record{Kind: torture.KindEvent, Event: torture.FaultBump, Time: begin, EndTime: torture.Now(), Epoch: epoch,
+		Detail: fmt.Sprintf("epoch bumped to %d", epoch)}
 	if err != nil {
-		detail = "epoch bump: " + err.Error()
+		rec.Detail, rec.Err = "epoch bump: "+err.Error(), err.Error()
 	}
-	_ = t.nem.Write(torture.Record{Kind: torture.KindEvent, Event: torture.FaultBump, Time: begin, EndTime: torture.Now(), Epoch: epoch, Detail: detail})
+	_ = t.nem.Write(rec)
+	return epoch, err
 }
 
 // restoreFault copies the store with the workers held at the barrier, lets them go on for
@@ -440,12 +442,14 @@ func (t *tortureRun) restoreFault(ctx context.Context, f torture.Fault) {
 		failed(restoring, err)
 		return
 	}
-	how := "then the epoch bumped"
-	if t.o.restoreWithoutBump {
-		how = "WITHOUT an epoch bump (--restore-without-bump)"
+	// The note says the bump only once it is made: a failed one leaves the old tokens valid.
+	how := "WITHOUT an epoch bump (--restore-without-bump)"
+	if !t.o.restoreWithoutBump {
+		if epoch, err := t.bump(ctx); err != nil {
+			how = "but the epoch bump after it FAILED: " + err.Error()
+		} else {
+			how = fmt.Sprintf("then the epoch bumped to %d", epoch)
+		}
 	}
 	event(restoring, fmt.Sprintf("the copy taken %s before restored, %s", time.Duration(restoring-copied).Round(time.Millisecond), how))
-	if !t.o.restoreWithoutBump {
-		t.bump(ctx)
-	}
 }

@@ -35,18 +35,20 @@ type Report struct {
 	Result  *Result
 }
 
-// FaultCounts counts what the nemesis and the workers actually injected.
+// FaultCounts counts what the nemesis and the workers actually injected. A restore, restart or
+// bump whose event carries an error did not land (or is not known to have): it is counted
+// apart, under the fault's name followed by " failed".
 func (r *Report) FaultCounts() map[string]int {
 	n := map[string]int{}
 	for _, e := range r.History.Events {
 		switch e.Event {
-		case FaultRestore:
-			if e.Err != "" { // it did not happen: counted apart
+		case FaultRestore, FaultRestart, FaultBump:
+			if e.Err != "" {
 				n[e.Event+" failed"]++
 			} else {
 				n[e.Event]++
 			}
-		case FaultPause, FaultKill, FaultRestart, FaultClock, FaultBump, FaultPartition, FaultLoss, FaultDelay, FaultIsolate:
+		case FaultPause, FaultKill, FaultClock, FaultPartition, FaultLoss, FaultDelay, FaultIsolate:
 			n[e.Event]++
 		case FaultRowLock:
 			if e.Owner != "" { // held across a lease's expiry

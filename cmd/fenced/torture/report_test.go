@@ -1,0 +1,31 @@
+package torture
+
+import (
+	"strings"
+	"testing"
+)
+
+// A restart or bump whose event carries an error did not land: the report counts it apart
+// from the ones that did, in the counts and on its "faults injected" line.
+func TestFaultCountsFailedApart(t *testing.T) {
+	h := &hist{}
+	h.acq("A", 10, 20, "a1", 100, 1)
+	h.recs = append(h.recs,
+		Record{Kind: KindEvent, Proc: "nemesis", Event: FaultRestart, Time: 30, EndTime: 40,
+			Detail: "restart postgresql: exit status 1", Err: "restart postgresql: exit status 1"},
+		Record{Kind: KindEvent, Proc: "nemesis", Event: FaultBump, Time: 50, EndTime: 60,
+			Detail: "epoch bump: connection refused", Err: "connection refused"},
+		Record{Kind: KindEvent, Proc: "nemesis", Event: FaultBump, Time: 70, EndTime: 80, Epoch: 2, Detail: "epoch bumped to 2"})
+	hs := Build(h.recs, 0)
+	r := &Report{Run: Run{Seed: 1, Workers: 1, Resources: []string{"r"}, Faults: []string{FaultRestart, FaultBump}},
+		History: hs, Result: Check(hs, nil, 0)}
+	n := r.FaultCounts()
+	if n[FaultRestart] != 0 || n[FaultRestart+" failed"] != 1 || n[FaultBump] != 1 || n[FaultBump+" failed"] != 1 {
+		t.Errorf("counts %v: want restart 0 (1 failed), bump 1 (1 failed)", n)
+	}
+	var b strings.Builder
+	r.WriteText(&b)
+	if want := "faults injected: restart 0 (1 more failed), bump 1 (1 more failed)\n"; !strings.Contains(b.String(), want) {
+		t.Errorf("report:\n%s\nwant the line %q", b.String(), want)
+	}
+}
