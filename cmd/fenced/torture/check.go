@@ -61,11 +61,12 @@ const LivenessBound = 50 * time.Millisecond
 // NotShown lists the invariants a history of this kind cannot show, and why.
 var NotShown = []string{
 	"6 (renewal never revives an expired lease): checked for renewals from the engine's clock in the replies; a publication's reply carries no clock, so a publication accepted after its lease expired with nobody taking over is seen only across a rowlock fault",
-	"7 durability: shown only when a restart or a restore ran; then every read after it must still be explained by the model, which includes the acknowledged generations (a restore rolls them back by design)",
+	"7 durability: shown only across a restart, after which every read must still be explained by the model, which holds the acknowledged generations; crash durability only when the restart crashes the server (a --restart-cmd with kill -9, as make torture's Redis and etcd and the isolated PostgreSQL and MariaDB runs use): the built-in restarts (pg_ctlcluster restart, MariaDB's SHUTDOWN) are clean shutdowns; a restore is a rollback by design and shows nothing about durability",
 	"10 expiry by the database's clock alone: seen through 6 and 14 on the engine's clock; the clock fault (SQLite) jumps that clock and the other invariants must still hold",
 	"11 the holder's trust window: the workers deliberately ignore it, so that stale writes reach the database",
-	"13 failed means not applied: refusals are checked by the model (a refused publication that took effect would show in later reads); replies dropped after a commit are recorded as unknown",
+	"13 failed means not applied: refusals are checked by the model (a refused publication that took effect would show in later reads); a refused renewal that took effect is invisible, since a renewal changes nothing the model follows; replies dropped after a commit are recorded as unknown",
 	"14 liveness beyond busy answers: a worker that never comes back (killed) is not a liveness failure; a busy answer naming no expiry (a driver that reports none) is not checked",
+	"15 nothing the caller controls is trusted: a property of the routines, not of a history (the workers never forge a session); covered by the backends' tests: PostgreSQL TestForgedIncarnationSettingIgnored and TestGrantedRoleCannotBypass, MariaDB TestForgedSessionTimestampIgnored and TestGrantRefusesTemporaryTables (no PostgreSQL test yet shadows a table with a temporary one inside the SECURITY DEFINER routines, whose search_path puts pg_temp last)",
 }
 
 // Violation is one broken invariant with the operations that show it.

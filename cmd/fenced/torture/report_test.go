@@ -1,6 +1,8 @@
 package torture
 
 import (
+	"slices"
+	"strconv"
 	"strings"
 	"testing"
 )
@@ -27,5 +29,20 @@ func TestFaultCountsFailedApart(t *testing.T) {
 	r.WriteText(&b)
 	if want := "faults injected: restart 0 (1 more failed), bump 1 (1 more failed)\n"; !strings.Contains(b.String(), want) {
 		t.Errorf("report:\n%s\nwant the line %q", b.String(), want)
+	}
+}
+
+// Every invariant of the protocol's list (1 to 15) is either checked or named, with the
+// reason, among those a history cannot show: the report lists both.
+func TestEveryInvariantCheckedOrNotShown(t *testing.T) {
+	named := map[string]bool{}
+	for _, s := range append(slices.Clone(Invariants), NotShown...) {
+		n, _, _ := strings.Cut(s, " ")
+		named[strings.TrimRight(n, "ab")] = true
+	}
+	for i := 1; i <= 15; i++ {
+		if !named[strconv.Itoa(i)] {
+			t.Errorf("invariant %d is neither checked nor in NotShown", i)
+		}
 	}
 }
