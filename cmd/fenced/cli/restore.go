@@ -8,7 +8,6 @@ import (
 	"strconv"
 	"time"
 
-	"github.com/jackc/pgx/v5"
 	goredis "github.com/redis/go-redis/v9"
 
 	"github.com/fenced-dev/fenced/backend/etcd"
@@ -70,14 +69,17 @@ func newStoreCopy(drv driver.Driver, runID string, resources []string, snapshotP
 	case *postgres.Driver:
 		pool := d.Pool()
 		c.exec = func(ctx context.Context, stmts ...string) error {
-			return pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
-				for _, s := range stmts {
-					if _, err := tx.Exec(ctx, s); err != nil {
-						return err
-					}
+			tx, err := pool.Begin(ctx)
+			if err != nil {
+				return uncommitted{err}
+			}
+			for _, s := range stmts {
+				if _, err := tx.Exec(ctx, s); err != nil {
+					_ = tx.Rollback(ctx)
+					return uncommitted{err}
 				}
-				return nil
-			})
+			}
+			return tx.Commit(ctx)
 		}
 		c.query = func(ctx context.Context, stmt string) (*sqlRows, error) {
 			rows, err := pool.Query(ctx, stmt)
@@ -101,16 +103,24 @@ func newStoreCopy(drv driver.Driver, runID string, resources []string, snapshotP
 	return c, nil
 }
 
+// uncommitted is an error from a transaction that failed before its COMMIT was sent: the
+// server rolls it back (explicitly, or when the connection goes), so its data statements did
+// not take effect. (On MariaDB a CREATE or DROP TABLE among them commits by itself.)
+type uncommitted struct{ err error }
+
+func (e uncommitted) Error() string { return e.err.Error() }
+func (e uncommitted) Unwrap() error { return e.err }
+
 func sqlExec(db *sql.DB) func(ctx context.Context, stmts ...string) error {
 	return func(ctx context.Context, stmts ...string) error {
 		tx, err := db.BeginTx(ctx, nil)
 		if err != nil {
-			return err
+			return uncommitted{err}
 		}
 		for _, s := range stmts {
 			if _, err := tx.ExecContext(ctx, s); err != nil {
 				_ = tx.Rollback()
-				return err
+				return uncommitted{err}
 			}
 		}
 		return tx.Commit()
@@ -179,7 +189,9 @@ func (c *storeCopy) read(ctx context.Context) (map[string]torture.State, error) 
 }
 
 // restore puts the copy back in one transaction: the torture's rows, their operation records
-// and the epoch as they were when the copy was taken.
+// and the epoch as they were when the copy was taken. A failure before the COMMIT is
+// driver.ErrNotApplied (the restore is recorded as failed, not unknown: the checker then
+// keeps the checks a restore turns off); one at the COMMIT is an unknown outcome.
 func (c *storeCopy) restore(ctx context.Context) error {
 	err := c.exec(ctx,
 		"DELETE FROM fenced_operations WHERE resource LIKE '"+c.pattern+"'",
@@ -187,6 +199,9 @@ func (c *storeCopy) restore(ctx context.Context) error {
 		"INSERT INTO fenced_resources SELECT * FROM "+c.tables[0],
 		"INSERT INTO fenced_operations SELECT * FROM "+c.tables[1],
 		"UPDATE fenced_meta SET epoch = (SELECT epoch FROM "+c.tables[2]+")")
+	if errors.As(err, new(uncommitted)) {
+		return fmt.Errorf("restore the copy: %w before the commit: %w", driver.ErrNotApplied, err)
+	}
 	if err != nil {
 		return fmt.Errorf("restore the copy: %w", err)
 	}
@@ -313,7 +328,8 @@ func asString(v any) string {
 const eventCopy = "copy"
 
 // nemesisOps records one nemesis operation per resource (so that each resource's model sees
-// it), runs do, and records each operation's return as ret describes it.
+// it), runs do, and records each operation's return as ret describes it; an error is an
+// unknown outcome unless it is driver.ErrNotApplied (failed).
 func (t *tortureRun) nemesisOps(call func(res string) torture.Record, do func() error, ret func(res string) torture.Record) error {
 	ids := make([]int64, len(t.resources))
 	for i, res := range t.resources {
@@ -324,6 +340,9 @@ func (t *tortureRun) nemesisOps(call func(res string) torture.Record, do func() 
 	err := do()
 	for i, res := range t.resources {
 		r := torture.Record{Kind: torture.KindReturn, ID: ids[i], Out: torture.OutUnknown}
+		if errors.Is(err, driver.ErrNotApplied) {
+			r.Out = torture.OutFailed
+		}
 		if err == nil {
 			r = ret(res)
 			r.Kind, r.ID = torture.KindReturn, ids[i]
