@@ -209,6 +209,7 @@ type Op struct {
 	OwnerN, ReadOwnerN, ResN int32
 	kind                     opKind    // Kind's code, likewise
 	out                      opOutcome // Out's code
+	returned                 bool      // a RETURN record was paired with the CALL (Build); beside kind and out, it costs no space
 	procN                    int32     // Proc's number, in the order the records first name it
 
 	Proc     string
@@ -373,7 +374,7 @@ func Build(recs []Record, truncated int) *History {
 			op.Note = r.Detail
 			continue
 		}
-		op.Return, op.Out, op.Err = r.Time, constant(r.Out), r.Err
+		op.Return, op.Out, op.Err, op.returned = r.Time, constant(r.Out), r.Err, true
 		op.LeaseUntilUs, op.NowUs = r.LeaseUntilUs, r.NowUs
 		if r.Out == "" || r.Out == OutUnknown {
 			op.Out = OutUnknown

@@ -107,11 +107,25 @@ func (r *Report) isolated(keep func(e *Record, op *Op) bool) string {
 	return strings.Join(parts, ", ")
 }
 
-// killsDuringCall counts kills that landed while the killed worker had an operation in flight.
+// killsDuringCall counts, from the history, the kills that left an operation without a reply:
+// the killed worker's last CALL, made before the kill, has no RETURN. (The nemesis fires on
+// the worker's "call" report, which the worker may outrun to its RETURN before the signal.)
 func (r *Report) killsDuringCall() int {
-	n := 0
+	killed := map[string]int64{} // a killed process's name → when it was killed
 	for _, e := range r.History.Events {
-		if e.Event == FaultKill && strings.HasPrefix(e.Detail, "during") {
+		if e.Event == FaultKill {
+			killed[e.Proc] = e.Time
+		}
+	}
+	last := map[string]*Op{} // each killed process's last operation
+	for _, op := range r.History.Ops {
+		if _, ok := killed[op.Proc]; ok && (last[op.Proc] == nil || op.Call >= last[op.Proc].Call) {
+			last[op.Proc] = op
+		}
+	}
+	n := 0
+	for proc, op := range last {
+		if !op.returned && op.Call <= killed[proc] {
 			n++
 		}
 	}

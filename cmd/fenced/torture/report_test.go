@@ -46,3 +46,25 @@ func TestEveryInvariantCheckedOrNotShown(t *testing.T) {
 		}
 	}
 }
+
+// A kill counts as "during an operation" when the history shows it: the killed worker's last
+// CALL, made before the kill, has no RETURN. w2.1 reported its call, but wrote its RETURN
+// before the signal landed; w3.1 was killed between requests.
+func TestKillsDuringCallFromTheHistory(t *testing.T) {
+	h := &hist{}
+	h.acq("w1.1", 10, 20, "a1", 1, 1)
+	h.acq("w1.1", 30, 0, "a2", 1, 2) // no RETURN: killed in flight
+	h.acq("w2.1", 40, 45, "b1", 1, 3)
+	h.acq("w3.1", 50, 55, "c1", 1, 4)
+	kill := func(proc string, at int64, detail string) {
+		h.recs = append(h.recs, Record{Kind: KindEvent, Proc: proc, Event: FaultKill, Time: at, Detail: detail})
+	}
+	kill("w1.1", 35, "during a acquire request")
+	kill("w2.1", 46, "during a acquire request")
+	kill("w3.1", 60, "untargeted: no operation was reported within 3s")
+	hs := Build(h.recs, 0)
+	r := &Report{History: hs}
+	if n := r.killsDuringCall(); n != 1 {
+		t.Errorf("kills during an operation: %d, want 1 (w1.1's)", n)
+	}
+}
