@@ -18,8 +18,10 @@ import (
 // migrationLockWait is how long Migrate waits for a concurrent migration when ctx has no deadline.
 const migrationLockWait = time.Minute
 
-// Migrate applies the embedded migrations that have not run yet and installs the procedures
-// the driver always calls (the publication's and the epoch bump's transactions). Concurrent
+// Migrate applies the embedded migrations that have not run yet, installs the procedures
+// the driver always calls (the publication's and the epoch bump's transactions), and
+// re-creates every other procedure Grant installed whose text is not this build's (which
+// drops its EXECUTE grants: run Grant again for each role). Concurrent
 // callers, in any process, are serialized by a named server lock (GET_LOCK) held on one
 // connection. DDL commits implicitly in MySQL, so a migration is not atomic with its version
 // row; each migration is written to be harmless when run again.
@@ -74,7 +76,7 @@ func (d *Driver) Migrate(ctx context.Context) error {
 	if err := migrate(ctx, conn); err != nil {
 		return err
 	}
-	if err := installProcedures(ctx, conn, alwaysCalled); err != nil {
+	if err := installProcedures(ctx, conn, alwaysCalled, procedureStmts); err != nil {
 		return err
 	}
 	matched, _, err := run(ctx, conn, false, sqlCheckFoundRows, &params{})
@@ -257,12 +259,21 @@ func statements(body string) []string {
 	return out
 }
 
-// installProcedures creates each of stmts' procedures that is missing or differs from the
-// current statement text. Dropping a procedure drops its EXECUTE grants too (see Grant).
-func installProcedures(ctx context.Context, conn *sql.Conn, stmts []*stmt) error {
-	stale, err := staleProcedures(ctx, conn, stmts)
+// installProcedures creates each of install's procedures that is missing or differs from the
+// current statement text, and re-creates each of refresh's procedures that exists and differs
+// (one Grant installed with an older text). Dropping a procedure drops its EXECUTE grants too
+// (see Grant), so a role whose procedure was re-created is refused until it is granted again:
+// an older text may lack a check the current one makes, and must not stay callable.
+func installProcedures(ctx context.Context, conn *sql.Conn, install, refresh []*stmt) error {
+	current, err := procedureDefinitions(ctx, conn)
 	if err != nil {
 		return err
+	}
+	stale := staleIn(current, install)
+	for _, s := range staleIn(current, refresh) {
+		if _, ok := current["fenced_"+s.name]; ok && !contains(procedureNames(stale), s.name) {
+			stale = append(stale, s)
+		}
 	}
 	if len(stale) > 0 { // the procedures' prefix check reads it
 		if _, err := conn.ExecContext(ctx, sqlGrantsTable); err != nil {
@@ -281,9 +292,26 @@ func installProcedures(ctx context.Context, conn *sql.Conn, stmts []*stmt) error
 	return nil
 }
 
+func procedureNames(stmts []*stmt) []string {
+	var out []string
+	for _, s := range stmts {
+		out = append(out, s.name)
+	}
+	return out
+}
+
 // staleProcedures returns those of stmts whose procedure is missing or differs from the
 // current statement text.
 func staleProcedures(ctx context.Context, conn *sql.Conn, stmts []*stmt) ([]*stmt, error) {
+	current, err := procedureDefinitions(ctx, conn)
+	if err != nil {
+		return nil, err
+	}
+	return staleIn(current, stmts), nil
+}
+
+// procedureDefinitions maps the name of each of fenced's procedures to its body.
+func procedureDefinitions(ctx context.Context, conn *sql.Conn) (map[string]string, error) {
 	current := map[string]string{}
 	rows, err := conn.QueryContext(ctx, `SELECT ROUTINE_NAME, ROUTINE_DEFINITION FROM information_schema.ROUTINES
 WHERE ROUTINE_SCHEMA = DATABASE() AND ROUTINE_TYPE = 'PROCEDURE' AND ROUTINE_NAME LIKE 'fenced\_%'`)
@@ -305,11 +333,16 @@ WHERE ROUTINE_SCHEMA = DATABASE() AND ROUTINE_TYPE = 'PROCEDURE' AND ROUTINE_NAM
 	if err := rows.Err(); err != nil {
 		return nil, fmt.Errorf("list procedures: %w", err)
 	}
+	return current, nil
+}
+
+// staleIn returns those of stmts whose procedure is missing from current or differs from it.
+func staleIn(current map[string]string, stmts []*stmt) []*stmt {
 	var stale []*stmt
 	for _, s := range stmts {
 		if def, ok := current["fenced_"+s.name]; !ok || def != procedureBody(s) {
 			stale = append(stale, s)
 		}
 	}
-	return stale, nil
+	return stale
 }

@@ -89,9 +89,10 @@ var (
 //
 // Nothing else in the DSN matters to correctness: parseTime and loc are irrelevant because
 // times are read as integer microseconds, and time_zone is irrelevant because the clock is
-// read in UTC (UTC_TIMESTAMP(6), or SYSDATE(6) less the session's offset from UTC) and the
-// columns are DATETIME; only a zone with daylight saving could shift a reading, by the DST step,
-// in a statement whose lock wait spans the change, so '+00:00' or a UTC host is best. The pool size is the caller's choice; every
+// read in UTC (SYSDATE(6) less the session's offset from UTC, see clockAfterLock; the
+// procedures pin the zone to UTC) and the columns are DATETIME; only a zone with daylight
+// saving could shift a direct statement's reading, by the DST step, in a statement whose lock
+// wait spans the change, so '+00:00' or a UTC host is best. The pool size is the caller's choice; every
 // call uses one connection for one statement (two for a refused or granted acquisition).
 func New(db *sql.DB) *Driver { return &Driver{db: db} }
 

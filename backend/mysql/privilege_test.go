@@ -383,3 +383,154 @@ func TestURLTLSAndSecrets(t *testing.T) {
 		t.Log("the server offers TLS and its certificate verified")
 	}
 }
+
+// forgedZone is a zone whose offset from UTC was -11:00 in March 2010 and +14:00 in January
+// 2020 (daylight saving), and is +13:00 today. It needs the server's time zone tables.
+const forgedZone = "Pacific/Apia"
+
+// TestForgedZoneOffsetIgnored: a granted worker that sets a named time zone and a session
+// timestamp whose offset differs from the zone's offset now still has its leases judged on the
+// server's UTC clock. In forgedZone, NOW() - UTC_TIMESTAMP() under a forged 2010 timestamp is
+// -11 h while SYSDATE() is at +13 h, so a clock that subtracted the one from the other ran 24 h
+// ahead (a live lease looked expired); under a forged 2020 timestamp it ran 1 h behind (an
+// expired lease looked live).
+func TestForgedZoneOffsetIgnored(t *testing.T) {
+	t.Parallel()
+	ctx := testCtx(t)
+	dbURL := mysql.CreateTestDatabase(t)
+	owner := open(t, dbURL)
+	var zones int
+	if err := owner.DB().QueryRowContext(ctx, `SELECT COUNT(*) FROM mysql.time_zone_name WHERE Name = ?`, forgedZone).Scan(&zones); err != nil || zones == 0 {
+		t.Skipf("the server has no time zone %s (%v); load it with: mysql_tzinfo_to_sql /usr/share/zoneinfo/%s %s | mysql mysql",
+			forgedZone, err, forgedZone, forgedZone)
+	}
+	ownerStore := newStore(t, owner)
+	for _, r := range []string{"held", "renewed", "published"} {
+		if err := ownerStore.Provision(ctx, r); err != nil {
+			t.Fatal(err)
+		}
+	}
+	role, roleURL := newUser(t, owner, dbURL)
+	if err := ownerStore.Grant(ctx, role, &fenced.GrantOptions{Access: fenced.AccessWorker}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := ownerStore.Acquire(ctx, "held", time.Hour); err != nil {
+		t.Fatal(err)
+	}
+	// One connection, so that the settings hold for every call.
+	worker := open(t, roleURL)
+	worker.DB().SetMaxOpenConns(1)
+	if err := worker.Migrate(ctx); err != nil {
+		t.Fatal(err)
+	}
+	var leases []driver.LeaseRef
+	for _, r := range []string{"renewed", "published"} {
+		g, err := worker.Acquire(ctx, r, "w", time.Hour)
+		if err != nil {
+			t.Fatalf("acquire %s: %v", r, err)
+		}
+		leases = append(leases, driver.LeaseRef{Resource: r, Owner: "w", Epoch: g.Epoch, Generation: g.Generation})
+		expire(t, owner, r) // expired a second ago
+	}
+	// forge sets the session's zone and timestamp and returns the session's offset from UTC.
+	forge := func(at string) time.Duration {
+		t.Helper()
+		for _, q := range []string{"SET time_zone = '" + forgedZone + "'", "SET timestamp = UNIX_TIMESTAMP('" + at + "')"} {
+			if _, err := worker.DB().ExecContext(ctx, q); err != nil {
+				t.Fatal(err)
+			}
+		}
+		var forged int64
+		if err := worker.DB().QueryRowContext(ctx, `SELECT TIMESTAMPDIFF(MINUTE, UTC_TIMESTAMP(), NOW())`).Scan(&forged); err != nil {
+			t.Fatal(err)
+		}
+		return time.Duration(forged) * time.Minute
+	}
+
+	if off := forge("2010-03-01 00:00:00"); off != -11*time.Hour {
+		t.Fatalf("offset at the forged 2010 instant is %s, want -11h: the test cannot tell", off)
+	}
+	var busy *driver.BusyError
+	if _, err := worker.Acquire(ctx, "held", "thief", time.Minute); !errors.As(err, &busy) {
+		t.Errorf("acquire of a lease held for an hour, with the session's clock forged: %v, want busy", err)
+	}
+
+	if off := forge("2020-01-01 00:00:00"); off != 14*time.Hour {
+		t.Fatalf("offset at the forged 2020 instant is %s, want 14h: the test cannot tell", off)
+	}
+	if _, ok, err := worker.Renew(ctx, leases[0], time.Hour); err != nil || ok {
+		t.Errorf("renewal of an expired lease, with the session's clock forged: accepted %v (%v), want refused", ok, err)
+	}
+	ok, err := worker.Publish(ctx, leases[1], driver.Publication{Payload: []byte("late"), OpID: "forged-publish"})
+	if err != nil || ok {
+		t.Errorf("publication on an expired lease, with the session's clock forged: accepted %v (%v), want refused", ok, err)
+	}
+	var zone string
+	if err := worker.DB().QueryRowContext(ctx, `SELECT @@session.time_zone`).Scan(&zone); err != nil || zone != forgedZone {
+		t.Errorf("the session's time zone after the calls is %q (%v), want %s as the session set it", zone, err, forgedZone)
+	}
+}
+
+// TestMigrateRefreshesGrantedProcedures: a procedure that Grant installed with an older text
+// (here: fenced_renew without the line that pins the time zone, as before it had one) is
+// re-created by the owner's Migrate, and the role that could call the old one is refused until
+// it is granted again.
+func TestMigrateRefreshesGrantedProcedures(t *testing.T) {
+	t.Parallel()
+	ctx := testCtx(t)
+	dbURL := mysql.CreateTestDatabase(t)
+	owner := open(t, dbURL)
+	ownerStore := newStore(t, owner)
+	if err := ownerStore.Provision(ctx, "r"); err != nil {
+		t.Fatal(err)
+	}
+	role, roleURL := newUser(t, owner, dbURL)
+	if err := ownerStore.Grant(ctx, role, &fenced.GrantOptions{Access: fenced.AccessWorker}); err != nil {
+		t.Fatal(err)
+	}
+	const pin = "SET time_zone = '+00:00';\n"
+	var name, mode, create string
+	var rest [3]any
+	if err := owner.DB().QueryRowContext(ctx, "SHOW CREATE PROCEDURE fenced_renew").Scan(&name, &mode, &create, &rest[0], &rest[1], &rest[2]); err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(create, pin) {
+		t.Fatalf("fenced_renew does not pin the time zone:\n%s", create)
+	}
+	var db string
+	if err := owner.DB().QueryRowContext(ctx, "SELECT DATABASE()").Scan(&db); err != nil {
+		t.Fatal(err)
+	}
+	for _, q := range []string{
+		"DROP PROCEDURE fenced_renew",
+		strings.Replace(create, pin, "", 1),
+		"GRANT EXECUTE ON PROCEDURE `" + db + "`.fenced_renew TO '" + role + "'@'%'",
+	} {
+		if _, err := owner.DB().ExecContext(ctx, q); err != nil {
+			t.Fatalf("%s: %v", q, err)
+		}
+	}
+	if err := owner.Migrate(ctx); err != nil {
+		t.Fatal(err)
+	}
+	var def string
+	if err := owner.DB().QueryRowContext(ctx, `SELECT ROUTINE_DEFINITION FROM information_schema.ROUTINES
+WHERE ROUTINE_SCHEMA = DATABASE() AND ROUTINE_NAME = 'fenced_renew'`).Scan(&def); err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(def, pin) {
+		t.Fatalf("Migrate left the older fenced_renew in place:\n%s", def)
+	}
+	worker := newStore(t, open(t, roleURL))
+	l, err := worker.Acquire(ctx, "r", time.Minute)
+	if err != nil {
+		t.Fatal(err)
+	}
+	wantPermission(t, "renew through the re-created procedure", l.Renew(ctx, time.Minute), role, "renew")
+	if err := ownerStore.Grant(ctx, role, &fenced.GrantOptions{Access: fenced.AccessWorker}); err != nil {
+		t.Fatal(err)
+	}
+	if err := l.Renew(ctx, time.Minute); err != nil {
+		t.Fatalf("renew after granting again: %v", err)
+	}
+}

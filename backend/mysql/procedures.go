@@ -44,26 +44,29 @@ func procedureBody(s *stmt) string {
 	}
 	switch s.kind {
 	case kindQuery:
-		return "BEGIN\n" + check + s.body + ";\nEND"
+		return "BEGIN\n" + utcZone + check + s.body + ";\n" + sessionZone + "END"
 	case kindExec:
-		return "BEGIN\n" + check + s.body + ";\nSELECT ROW_COUNT(), LAST_INSERT_ID();\nEND"
+		return "BEGIN\n" + utcZone + check + s.body + ";\nSELECT ROW_COUNT(), LAST_INSERT_ID();\n" + sessionZone + "END"
 	}
 	// kindTx: the procedure owns its transaction, so that no session can run one of its
 	// statements without the other. Any error before COMMIT rolls back and is passed on; an
 	// error from COMMIT itself is passed on as ER_ERROR_DURING_COMMIT, whose outcome the driver
-	// treats as unknown.
+	// treats as unknown. Its handler also puts the caller's time zone back (see utcZone).
 	return `BEGIN
 DECLARE matched BIGINT DEFAULT 0;
 DECLARE last_id BIGINT DEFAULT 0;
 DECLARE committing BOOLEAN DEFAULT FALSE;
+DECLARE session_zone VARCHAR(64) DEFAULT @@session.time_zone;
 DECLARE EXIT HANDLER FOR SQLEXCEPTION
 BEGIN
+  SET time_zone = session_zone;
   IF committing THEN
     RESIGNAL SET MYSQL_ERRNO = ` + fmt.Sprint(erErrorDuringCommit) + `;
   END IF;
   ROLLBACK;
   RESIGNAL;
 END;
+SET time_zone = '+00:00';
 ` + check + `SET TRANSACTION ISOLATION LEVEL READ COMMITTED;
 START TRANSACTION;
 ` + s.first.body + `;
@@ -74,8 +77,30 @@ END IF;
 SET committing = TRUE;
 COMMIT;
 SELECT matched, last_id;
-END`
+` + sessionZone + `END`
 }
+
+// utcZone begins every procedure that has no handler of its own: it pins the session's time
+// zone to UTC for the procedure's statements and puts the caller's zone back on any error.
+// In UTC, NOW(6) and UTC_TIMESTAMP(6) are the same reading, so clockAfterLock is SYSDATE(6),
+// the server's clock, whatever the session set: SET timestamp moves the first two alike, and
+// nothing a session sets moves SYSDATE(). In the session's own zone the subtraction would use
+// the zone's offset at the forged instant, which is not its offset now when the zone has
+// daylight saving or changed its offset (Pacific/Apia went from -11:00 to +13:00), and the
+// clock would move by the difference (invariant 15; TestForgedZoneOffsetIgnored). The caller's
+// zone is kept in a local variable, which no session can reach. A killed CALL ends without
+// running the handler and leaves the session in UTC, which decides nothing.
+const utcZone = `DECLARE session_zone VARCHAR(64) DEFAULT @@session.time_zone;
+DECLARE EXIT HANDLER FOR SQLEXCEPTION
+BEGIN
+  SET time_zone = session_zone;
+  RESIGNAL;
+END;
+SET time_zone = '+00:00';
+`
+
+// sessionZone ends every procedure: the caller's time zone back, as it set it.
+const sessionZone = "SET time_zone = session_zone;\n"
 
 // prefixCheck begins every procedure whose statement names a resource. The caller is the user
 // part of USER(), the account the session logged in as (inside a SQL SECURITY DEFINER
@@ -171,8 +196,8 @@ func denied(ctx context.Context, e execer, s *stmt, p *params, err error) error 
 // of its own making and get any token it likes.
 //
 // A procedure whose body is already current is left alone. One that changed (after an upgrade
-// of fenced) is dropped and created again, and MySQL then drops every EXECUTE grant on it: run
-// Grant again for each role. GRANT and REVOKE commit at once: an interrupted Grant can leave
+// of fenced) is dropped and created again, by Grant or by the owner's Migrate, and MySQL then
+// drops every EXECUTE grant on it: run Grant again for each role. GRANT and REVOKE commit at once: an interrupted Grant can leave
 // a role with part of its new rights; run it again.
 func (d *Driver) Grant(ctx context.Context, role string, spec driver.GrantSpec) error {
 	conn, err := d.db.Conn(ctx)
@@ -203,7 +228,7 @@ func (d *Driver) Grant(ctx context.Context, role string, spec driver.GrantSpec) 
 	if _, err := conn.ExecContext(ctx, sqlGrantsTable); err != nil {
 		return fmt.Errorf("create fenced_grants: %w", err)
 	}
-	if err := installProcedures(ctx, conn, procedureStmts); err != nil {
+	if err := installProcedures(ctx, conn, procedureStmts, nil); err != nil {
 		return err
 	}
 	for _, s := range procedureStmts {

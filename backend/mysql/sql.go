@@ -30,19 +30,24 @@ const (
 	unixEpoch = `TIMESTAMP'1970-01-01 00:00:00'`
 	// nowMicros is the engine's clock in microseconds since the Unix epoch. It is
 	// clockAfterLockMicros, not UTC_TIMESTAMP(6): any session may SET timestamp = N, which moves
-	// NOW() and UTC_TIMESTAMP() (inside a SQL SECURITY DEFINER procedure too) but not SYSDATE(),
-	// and clockAfterLock subtracts NOW() - UTC_TIMESTAMP(), which the setting leaves unchanged.
-	// So no statement takes a time the caller chose: not a record's recorded_at, which Prune
+	// NOW() and UTC_TIMESTAMP() (inside a SQL SECURITY DEFINER procedure too) but not SYSDATE().
+	// So no procedure takes a time the caller chose: not a record's recorded_at, which Prune
 	// judges, not Prune's cutoff, not the clock a bumped epoch is taken from (invariant 15;
 	// TestForgedSessionTimestampIgnored).
 	nowMicros = clockAfterLockMicros
 
 	// clockAfterLock is the engine's UTC clock when it is called. SYSDATE(6) is the session's
-	// local time at the call; the session's offset from UTC, NOW(6) - UTC_TIMESTAMP(6) (both
-	// read at the statement's start), takes it back to UTC, so no time_zone setting moves it:
-	// only a change of the session zone's offset (daylight saving) during a lock wait would,
-	// and '+00:00' or 'SYSTEM' on a UTC host have none. A server started with --sysdate-is-now
-	// makes SYSDATE() NOW(): CheckDurability reports it.
+	// local time at the call; NOW(6) - UTC_TIMESTAMP(6) (both read at the statement's start)
+	// is the session zone's offset from UTC at the instant NOW() stands for, and takes it back
+	// to UTC. Every procedure runs its statements with the session's zone pinned to '+00:00'
+	// (utcZone in procedures.go), where that difference is zero whatever timestamp the session
+	// set, so there the clock is SYSDATE(6) alone: a zone whose offset at a forged instant
+	// differs from its offset now cannot move it (TestForgedZoneOffsetIgnored). A statement the
+	// driver sends directly runs in the session's own zone, on a session that may write the
+	// tables anyway: a change of that zone's offset (daylight saving) during a lock wait, or a
+	// timestamp the session set, would shift its reading, and '+00:00' or 'SYSTEM' on a UTC
+	// host have neither. A server started with --sysdate-is-now makes SYSDATE() NOW():
+	// CheckDurability reports it.
 	clockAfterLock = `(SYSDATE(6) - INTERVAL TIMESTAMPDIFF(MICROSECOND, UTC_TIMESTAMP(6), NOW(6)) MICROSECOND)`
 	// clockAfterLockMicros is clockAfterLock in microseconds since the Unix epoch.
 	clockAfterLockMicros = `TIMESTAMPDIFF(MICROSECOND, ` + unixEpoch + `, ` + clockAfterLock + `)`
