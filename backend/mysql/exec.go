@@ -32,6 +32,12 @@ const (
 	erLockDeadlock        = 1213
 	erErrorDuringRollback = 1181
 
+	// A statement ended from outside: KILL QUERY (ER_QUERY_INTERRUPTED), MariaDB's
+	// max_statement_time (ER_STATEMENT_TIMEOUT), KILL CONNECTION (ER_CONNECTION_KILLED).
+	erQueryInterrupted = 1317
+	erStatementTimeout = 1969
+	erConnectionKilled = 1927
+
 	// A read-only server: read_only=ON for a user without SUPER (1290, which other options
 	// raise too, hence the check of its message), a READ ONLY transaction (1792), and MariaDB's
 	// innodb_read_only (1836).
@@ -245,8 +251,12 @@ func serverError(err error) uint16 {
 //     the whole transaction, back. That includes a deadlock (retried by mutate) and a lock wait
 //     timeout (with innodb_rollback_on_timeout off the statement is rolled back; on, the
 //     transaction, which is the same thing here). A procedure's transaction rolls back on any
-//     error before its COMMIT; an error from the COMMIT itself arrives as
-//     ER_ERROR_DURING_COMMIT and stays unknown.
+//     error before its COMMIT that its handler catches; an error from the COMMIT itself
+//     arrives as ER_ERROR_DURING_COMMIT and stays unknown.
+//   - A statement killed or timed out (ER_QUERY_INTERRUPTED, ER_STATEMENT_TIMEOUT,
+//     ER_CONNECTION_KILLED) stays unknown: it can end a CALL after the procedure's write
+//     committed, while it selects what it returns, and the procedure's handler then passes it
+//     on as it is (TestKilledAfterCommitIsUnknown).
 //   - Anything else (mysql.ErrInvalidConn, an I/O error, a cancelled context while the
 //     statement was on its way or running) may have followed the commit.
 func classify(err error) error {
@@ -260,7 +270,8 @@ func classify(err error) error {
 		return driver.NotApplied(err)
 	case isReadOnly(err):
 		return driver.ReadOnly(err)
-	case n == erErrorDuringCommit || n == erErrorDuringRollback:
+	case n == erErrorDuringCommit || n == erErrorDuringRollback,
+		n == erQueryInterrupted || n == erStatementTimeout || n == erConnectionKilled:
 		return err
 	case n == erLockDeadlock:
 		return driver.NotApplied(fmt.Errorf("chosen as a deadlock victim: %w", err))

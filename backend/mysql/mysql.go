@@ -24,7 +24,8 @@
 // effect: the connection could not be made, go-sql-driver returned driver.ErrBadConn (which it
 // does only when it wrote nothing), or the server answered with an error, which means it
 // rolled the statement (or the procedure's transaction) back. Anything else after the request
-// was written, a broken connection or a timeout, may have committed and stays a plain error.
+// was written, a broken connection, a timeout, or a statement killed or timed out on the server
+// (which can end a procedure after its commit), may have committed and stays a plain error.
 // database/sql retries only driver.ErrBadConn, so no mutation is ever sent twice.
 //
 // # Privileges and procedures

@@ -49,9 +49,13 @@ func procedureBody(s *stmt) string {
 		return "BEGIN\n" + utcZone + check + s.body + ";\nSELECT ROW_COUNT(), LAST_INSERT_ID();\n" + sessionZone + "END"
 	}
 	// kindTx: the procedure owns its transaction, so that no session can run one of its
-	// statements without the other. Any error before COMMIT rolls back and is passed on; an
-	// error from COMMIT itself is passed on as ER_ERROR_DURING_COMMIT, whose outcome the driver
-	// treats as unknown. Its handler also puts the caller's time zone back (see utcZone).
+	// statements without the other. Any error before COMMIT that the handler catches rolls
+	// back and is passed on; an error after COMMIT began is passed on as
+	// ER_ERROR_DURING_COMMIT, whose outcome the driver treats as unknown. Its handler also puts
+	// the caller's time zone back (see utcZone). A KILL QUERY or max_statement_time ends
+	// whichever statement of the CALL is running, after its COMMIT too (the handler then
+	// reports 1180), or, in a kindExec procedure, after its autocommit statement (reported as
+	// it is, 1317 or 1969), so the driver treats these errors as unknown (classify).
 	return `BEGIN
 DECLARE matched BIGINT DEFAULT 0;
 DECLARE last_id BIGINT DEFAULT 0;

@@ -9,6 +9,7 @@ import (
 	"io"
 	"net"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -229,6 +230,9 @@ func TestClassify(t *testing.T) {
 		{&mysql.MySQLError{Number: erDupEntry}, true},
 		{&mysql.MySQLError{Number: 1370}, true}, // execute denied
 		{fmt.Errorf("call: %w", &mysql.MySQLError{Number: erErrorDuringCommit}), false},
+		{&mysql.MySQLError{Number: 1317}, false}, // KILL QUERY, perhaps after the CALL's commit
+		{&mysql.MySQLError{Number: 1969}, false}, // max_statement_time
+		{&mysql.MySQLError{Number: 1927}, false}, // KILL CONNECTION
 		{sqldriver.ErrBadConn, true},
 		{dial, true},
 		{connectError{"127.0.0.1:3306", mysql.ErrInvalidConn}, true},
@@ -274,4 +278,92 @@ func countPlaceholders(sql string) int {
 		}
 	}
 	return n
+}
+
+// killedAfter redefines s's procedure to wait after the first line that is after, runs call,
+// and once the server shows the CALL waiting there kills its query (KILL QUERY), which ends
+// it with error 1317. It returns call's error.
+func killedAfter(t *testing.T, d *Driver, s *stmt, after string, call func() error) error {
+	t.Helper()
+	ctx := ctxFor(t)
+	slow := procedure(s)
+	if !strings.Contains(slow, after) {
+		t.Fatalf("fenced_%s has no %q:\n%s", s.name, after, slow)
+	}
+	// SLEEP() alone in a statement swallows the kill and returns 1; inside a query it does not.
+	slow = strings.Replace(slow, after, after+"SELECT COUNT(*) INTO @slept FROM fenced_meta WHERE SLEEP(600) = 0;\n", 1)
+	for _, q := range []string{"DROP PROCEDURE IF EXISTS fenced_" + s.name, slow} {
+		if _, err := d.db.ExecContext(ctx, q); err != nil {
+			t.Fatal(err)
+		}
+	}
+	done := make(chan error, 1)
+	go func() { done <- call() }()
+	// The barrier: the server reports the CALL in the sleep.
+	tick := time.NewTicker(20 * time.Millisecond)
+	defer tick.Stop()
+	var id int64
+	for id == 0 {
+		select {
+		case err := <-done:
+			t.Fatalf("fenced_%s ended before it was killed: %v", s.name, err)
+		case <-tick.C:
+		}
+		err := d.db.QueryRowContext(ctx, `SELECT ID FROM information_schema.PROCESSLIST
+WHERE DB = DATABASE() AND STATE = 'User sleep'`).Scan(&id)
+		if err != nil && !errors.Is(err, sql.ErrNoRows) {
+			t.Fatal(err)
+		}
+	}
+	if _, err := d.db.ExecContext(ctx, fmt.Sprintf("KILL QUERY %d", id)); err != nil {
+		t.Fatal(err)
+	}
+	return <-done
+}
+
+// TestKilledAfterCommitIsUnknown: a KILL QUERY that ends a procedure after its write committed
+// is an unknown outcome, not "not applied", and the write is there. fenced_renew's UPDATE
+// autocommits, and the kill arrives before it selects what it returns (its handler passes the
+// kill on as 1317); fenced_publish's handler turns a kill after COMMIT into 1180.
+func TestKilledAfterCommitIsUnknown(t *testing.T) {
+	t.Parallel()
+	ctx := ctxFor(t)
+	d := migrated(t)
+	if err := d.Provision(ctx, "r"); err != nil {
+		t.Fatal(err)
+	}
+	g, err := d.Acquire(ctx, "r", "o", time.Minute)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ref := driver.LeaseRef{Resource: "r", Owner: "o", Epoch: g.Epoch, Generation: g.Generation}
+
+	d.mode.Store(modeProcedures) // as a granted role does: call fenced_renew
+	err = killedAfter(t, d, sqlRenew, sqlRenew.body+";\n", func() error {
+		_, _, err := d.Renew(ctx, ref, time.Hour)
+		return err
+	})
+	d.mode.Store(modeDirect)
+	if serverError(err) != erQueryInterrupted || errors.Is(err, driver.ErrNotApplied) {
+		t.Errorf("renewal killed after its UPDATE: %v, want error %d with an unknown outcome", err, erQueryInterrupted)
+	}
+	st, err := d.Read(ctx, "r")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if left := st.LeaseUntil.Sub(st.Now); left < 30*time.Minute {
+		t.Errorf("the killed renewal's lease has %s left, want about an hour: the test killed it before its UPDATE", left)
+	}
+
+	err = killedAfter(t, d, sqlPublish, "COMMIT;\n", func() error {
+		_, err := d.Publish(ctx, ref, driver.Publication{Payload: []byte("p"), OpID: "killed"})
+		return err
+	})
+	if err == nil || errors.Is(err, driver.ErrNotApplied) {
+		t.Errorf("publication killed after its commit: %v, want an unknown outcome", err)
+	}
+	op, err := d.ReadOperation(ctx, "killed")
+	if err != nil || op.Outcome != driver.OutcomeAccepted {
+		t.Errorf("the killed publication's id reads %+v (%v), want accepted", op, err)
+	}
 }
