@@ -2,7 +2,9 @@ package redis_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"maps"
 	"net"
 	"os"
 	"os/exec"
@@ -275,4 +277,74 @@ func waitSynced(t *testing.T, c *goredis.Client) {
 
 func containsLine(info, line string) bool {
 	return slices.Contains(strings.Split(strings.ReplaceAll(info, "\r", ""), "\n"), line)
+}
+
+// TestAcquireAfterRestartWritesNothingWhenRefused: after a restart an acquisition must record
+// the epoch bump and then take a generation. When it cannot do both it must do neither: a user
+// whose ACL allows every command but SET (so it cannot record the bump), and a resource whose
+// generation is not an integer (so it cannot take one), each get an error reported as not
+// applied, and the resource, the epoch and the recorded incarnation are as they were.
+//
+// A user that may only read the epoch and incarnation keys (%R~) is not a case: Redis 7 wants
+// read and write access to every key a script declares and refuses the script before it runs.
+func TestAcquireAfterRestartWritesNothingWhenRefused(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	srv := startServer(t, dir, 0)
+	owner := migrated(t, srv.url())
+	ctx := testCtx(t)
+	if err := owner.Provision(ctx, "r"); err != nil {
+		t.Fatal(err)
+	}
+	g, err := owner.Acquire(ctx, "r", "a", time.Hour) // records the incarnation
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ok, err := owner.Release(ctx, driver.LeaseRef{Resource: "r", Owner: "a", Epoch: g.Epoch, Generation: g.Generation}); !ok || err != nil {
+		t.Fatalf("release: %v, %v", ok, err)
+	}
+	c := srv.client()
+	mustDo(t, c, "SAVE")
+	_ = c.Close()
+	srv.stop()
+	srv = startServer(t, dir, srv.port) // a new run_id: the next acquisition bumps
+	c = srv.client()
+	defer c.Close()
+	prefix := strings.TrimSuffix(owner.Key("r"), "r:{r}")
+	keys := []string{prefix + "epoch", prefix + "incarnation"}
+	wantUnchanged := func(what string, acquire func() error) {
+		t.Helper()
+		before, err := c.HGetAll(ctx, owner.Key("r")).Result()
+		if err != nil {
+			t.Fatal(err)
+		}
+		meta, err := c.MGet(ctx, keys...).Result()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := acquire(); err == nil || !errors.Is(err, driver.ErrNotApplied) {
+			t.Fatalf("%s: %v, want an error reported as not applied", what, err)
+		}
+		if after, err := c.HGetAll(ctx, owner.Key("r")).Result(); err != nil || !maps.Equal(before, after) {
+			t.Errorf("%s wrote the resource: %v (%v), was %v", what, after, err, before)
+		}
+		if m, err := c.MGet(ctx, keys...).Result(); err != nil || !slices.Equal(m, meta) {
+			t.Errorf("%s wrote the epoch or the incarnation: %v (%v), was %v", what, m, err, meta)
+		}
+	}
+
+	mustDo(t, c, "ACL", "SETUSER", "worker", "on", ">worker-pw", "~*", "&*", "+@all", "-set")
+	worker := open(t, "redis://worker:worker-pw@"+srv.addr()+"/0")
+	wantUnchanged("acquire by a user that may not SET", func() error {
+		_, err := worker.Acquire(ctx, "r", "w", time.Hour)
+		return err
+	})
+
+	if err := c.HSet(ctx, owner.Key("r"), "generation", "garbage").Err(); err != nil {
+		t.Fatal(err)
+	}
+	wantUnchanged("acquire of a resource whose generation is not an integer", func() error {
+		_, err := owner.Acquire(ctx, "r", "o", time.Hour)
+		return err
+	})
 }

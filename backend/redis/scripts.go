@@ -37,10 +37,15 @@ import goredis "github.com/redis/go-redis/v9"
 //
 // Redis does not roll back a script that fails halfway: the writes made before the error stay.
 // Every script below therefore reads and checks everything first and only then writes, and
-// its writes cannot fail on their own (the types of the keys they write were checked by the
-// reads, and an out-of-memory refusal comes before a script with flags starts). So an error
-// reply from a script means it wrote nothing, which is what lets classify report a server
-// error as "not applied".
+// its writes cannot fail on their own (the types of the keys they write, and the generation
+// HINCRBY increments, were checked by the reads, and an out-of-memory refusal comes before a
+// script with flags starts). So an error reply from a script means it wrote nothing, which is
+// what lets classify report a server error as "not applied". Key permissions are checked
+// before a script starts (Redis 7 wants read and write access to every declared key). A
+// command that the user's ACL denies is refused only when called; the first write of every
+// lease-carrying script is recordBump's SET, so a user denied SET gets its error before
+// anything changed, and one allowed SET but denied a later command (HINCRBY, HSET, PUBLISH)
+// can leave only a recorded bump, which fences and grants nothing.
 //
 // # Epochs
 //
@@ -162,6 +167,11 @@ if not row[1] then
   recordBump()
   return {-1, 0, 0, 0}
 end
+-- HINCRBY would refuse a generation that is not an integer (or would overflow), but only
+-- after recordBump wrote: checked here, before any write.
+if not string.match(row[1], '^%d+$') or #row[1] > 18 then
+  return redis.error_reply('ERR fenced: the generation of this resource is not an integer')
+end
 local ttl = tonumber(ARGV[2])
 if row[2] and row[4] == epoch and tonumber(row[3]) > now then
   if row[2] == ARGV[1] then
@@ -171,9 +181,10 @@ if row[2] and row[4] == epoch and tonumber(row[3]) > now then
   end
   return {0, tonumber(row[4]), tonumber(row[1]), tonumber(row[3])}
 end
--- HINCRBY is the first write: if the field is not an integer it fails before anything changed.
-local generation = redis.call('HINCRBY', KEYS[1], 'generation', 1)
+-- The bump is recorded first, as in every script: a user refused the SET (an ACL) then gets
+-- an error before the generation moved.
 recordBump()
+local generation = redis.call('HINCRBY', KEYS[1], 'generation', 1)
 local untilUs = now + ttl
 redis.call('HSET', KEYS[1], 'owner', ARGV[1], 'lease_until_us', string.format('%d', untilUs), 'epoch', epoch)
 return {1, tonumber(epoch), generation, untilUs}
