@@ -194,10 +194,15 @@ func denied(ctx context.Context, e execer, s *stmt, p *params, err error) error 
 // session connected as it cannot read or write fenced's tables, only call the procedures, and
 // the driver finds that out by itself (see Driver.Migrate).
 //
-// It refuses a role that may create temporary tables in the database: a temporary table
-// shadows the base table of the same name for its session, inside a SQL SECURITY DEFINER
-// procedure too, so such a role could feed the procedures a fenced_meta or fenced_resources
-// of its own making and get any token it likes.
+// It refuses, before changing anything, an account that its EXECUTE grants would not confine,
+// whether the right is its own, a role's it may set or PUBLIC's: one that may create temporary
+// tables in the database (a temporary table shadows the base table of the same name for its
+// session, inside a SQL SECURITY DEFINER procedure too, so such an account could feed the
+// procedures a fenced_meta or fenced_resources of its own making and get any token it likes),
+// one that may write fenced's tables directly, and one with EXECUTE on the database or on every
+// database when its level excludes a procedure (that cannot be revoked per procedure). To see
+// those rights it reads MariaDB's privilege tables, so the user Grant runs as needs SELECT on
+// the mysql database; without it Grant refuses, since it cannot tell.
 //
 // A procedure whose body is already current is left alone. One that changed (after an upgrade
 // of fenced) is dropped and created again, by Grant or by the owner's Migrate, and MySQL then
@@ -221,13 +226,8 @@ func (d *Driver) Grant(ctx context.Context, role string, spec driver.GrantSpec) 
 		return fmt.Errorf("read database name: %w", err)
 	}
 	grantee := "'" + role + "'@'%'" // the core allows only letters, digits and underscores
-	var temp int
-	if err := conn.QueryRowContext(ctx, sqlTempTables, "'"+role+"'@'%'", "'"+role+"'@'%'", schema).Scan(&temp); err != nil {
-		return fmt.Errorf("read the privileges of %s: %w", role, err)
-	}
-	if temp > 0 {
-		return fmt.Errorf("role %s may create temporary tables in %s, with which it could shadow fenced's tables "+
-			"inside the procedures; revoke CREATE TEMPORARY TABLES from it first", role, schema)
+	if err := checkAccountRights(ctx, conn, role, schema, spec.Access); err != nil {
+		return err
 	}
 	if _, err := conn.ExecContext(ctx, sqlGrantsTable); err != nil {
 		return fmt.Errorf("create fenced_grants: %w", err)
@@ -268,11 +268,3 @@ func (d *Driver) Grant(ctx context.Context, role string, spec driver.GrantSpec) 
 	}
 	return tx.Commit()
 }
-
-// sqlTempTables counts the grants of CREATE TEMPORARY TABLES to the account ($1, quoted as
-// information_schema writes it) on every database or on this one (a pattern that matches it).
-const sqlTempTables = `SELECT
-  (SELECT COUNT(*) FROM information_schema.USER_PRIVILEGES
-   WHERE GRANTEE = ? AND PRIVILEGE_TYPE = 'CREATE TEMPORARY TABLES') +
-  (SELECT COUNT(*) FROM information_schema.SCHEMA_PRIVILEGES
-   WHERE GRANTEE = ? AND ? LIKE TABLE_SCHEMA AND PRIVILEGE_TYPE = 'CREATE TEMPORARY TABLES')`
