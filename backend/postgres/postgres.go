@@ -430,6 +430,12 @@ func checkCurrent(ctx context.Context, tx pgx.Tx, latest int) error {
 // fenced_grants, which the routines check. The role must exist (CREATE ROLE name LOGIN ...) and
 // the schema must be migrated. Run it as the user that migrated, the owner of the tables and
 // routines. Everything is one transaction.
+//
+// Revoking reaches only the role's own rights and PUBLIC's: before committing, Grant checks what
+// the role can still do through its memberships (an application's group role,
+// pg_write_all_data), including those it may only SET ROLE to, and refuses, changing nothing,
+// a superuser, a role that may still insert, update, delete, truncate or add triggers to
+// fenced's tables, and one that may execute a routine its level excludes.
 func (d *Driver) Grant(ctx context.Context, role string, spec driver.GrantSpec) error {
 	tx, err := d.pool.BeginTx(ctx, pgx.TxOptions{IsoLevel: pgx.ReadCommitted})
 	if err != nil {
@@ -476,6 +482,9 @@ func (d *Driver) Grant(ctx context.Context, role string, spec driver.GrantSpec) 
 			}
 			return fmt.Errorf("grant to role %s: %w", role, classify(err))
 		}
+	}
+	if err := checkConfined(ctx, tx, role, spec.Access); err != nil {
+		return err
 	}
 	prefixes := spec.Prefixes
 	if len(prefixes) == 0 {
