@@ -153,3 +153,42 @@ func mysqlExec(t *testing.T, rawURL, stmt string) {
 		t.Errorf("%s: %v", stmt, err)
 	}
 }
+
+// TestGrantRefusesUnconfinedRoleCLI: "fenced grant" to a role that could still write fenced's
+// tables another way (PostgreSQL: pg_write_all_data; MariaDB: UPDATE on the database) fails
+// with one sentence naming the right and where it comes from, and the exit code of grant's
+// other refusals (1, as for an account that may create temporary tables or does not exist).
+func TestGrantRefusesUnconfinedRoleCLI(t *testing.T) {
+	t.Parallel()
+	for _, engine := range []string{"postgres", "mysql"} {
+		t.Run(engine, func(t *testing.T) {
+			t.Parallel()
+			var owner target
+			role := "fenced_cli_role_" + strings.ToLower(rand.Text()[:12])
+			var source string
+			switch engine {
+			case "postgres":
+				owner = target{t: t, url: postgresSchema(t), dir: t.TempDir()}
+				pgExec(t, owner.url, "CREATE ROLE "+role+" LOGIN")
+				t.Cleanup(func() { pgExec(t, owner.url, "DROP ROLE "+role) })
+				pgExec(t, owner.url, "GRANT pg_write_all_data TO "+role)
+				source = "pg_write_all_data"
+			case "mysql":
+				owner = target{t: t, url: mysqlDatabase(t), dir: t.TempDir()}
+				mysqlExec(t, owner.url, "CREATE USER '"+role+"'@'%'")
+				t.Cleanup(func() { mysqlExec(t, owner.url, "DROP USER IF EXISTS '"+role+"'@'%'") })
+				u, err := url.Parse(owner.url)
+				if err != nil {
+					t.Fatal(err)
+				}
+				source = "ON `" + strings.TrimPrefix(u.Path, "/") + "`.*"
+				mysqlExec(t, owner.url, "GRANT UPDATE "+source+" TO '"+role+"'@'%'")
+			}
+			owner.ok(nil, "migrate")
+			msg := owner.fails(cli.ExitOperational, nil, "grant", "--role", role)
+			if !strings.Contains(msg, "role "+role+" can still ") || !strings.Contains(msg, source) {
+				t.Errorf("grant to a role that may write the tables: %q does not name the right and %q", msg, source)
+			}
+		})
+	}
+}
