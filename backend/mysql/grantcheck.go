@@ -37,7 +37,8 @@ SELECT g.via, 'global', '', CONCAT_WS(',',
         IF(p.a & 2, 'Insert', NULL), IF(p.a & 4, 'Update', NULL), IF(p.a & 8, 'Delete', NULL),
         IF(p.a & 32, 'Drop', NULL), IF(p.a & 8192, 'Alter', NULL),
         IF(p.a & 65536, 'Create temporary tables', NULL), IF(p.a & 262144, 'Execute', NULL),
-        IF(p.a & 536870912, 'Delete versioning rows', NULL))
+        IF(p.a & 536870912, 'Delete versioning rows', NULL), IF(p.a & 32768, 'Super', NULL),
+        IF(p.a & 1073741824, 'Set user', NULL))
     FROM g JOIN (SELECT User, Host, CAST(JSON_VALUE(Priv, '$.access') AS UNSIGNED) AS a FROM mysql.global_priv) p
       ON p.User = g.u AND p.Host = g.h
 UNION ALL
@@ -80,7 +81,7 @@ func (r accountRight) grantText(priv, schema, account string) string {
 	case r.via == "PUBLIC":
 		to = "PUBLIC"
 	case r.via != "":
-		to = r.via + ", a role granted to it"
+		to = r.via + ", a role it holds"
 	}
 	if priv == "DELETE VERSIONING ROWS" {
 		priv = "DELETE HISTORY"
@@ -90,8 +91,10 @@ func (r accountRight) grantText(priv, schema, account string) string {
 
 // checkAccountRights refuses an account that Grant's EXECUTE grants would not confine: one
 // that may create temporary tables in schema (a temporary fenced_meta shadows the real one
-// inside the procedures), write fenced's tables directly, or execute a procedure its level
-// does not include (EXECUTE on a database or on every one cannot be revoked per procedure).
+// inside the procedures), name another account as the DEFINER of what it creates (SUPER or
+// SET USER: a procedure or trigger of its own would run as the owner), write fenced's tables
+// directly, or execute a procedure its level does not include (EXECUTE on a database or on
+// every one cannot be revoked per procedure).
 // The account's own grants on fenced's procedures are not counted: Grant revokes them.
 func checkAccountRights(ctx context.Context, conn *sql.Conn, role, schema string, level driver.Access) error {
 	account := "'" + role + "'@'%'"
@@ -138,6 +141,14 @@ func checkAccountRights(ctx context.Context, conn *sql.Conn, role, schema string
 			return fmt.Errorf("role %s may create temporary tables in %s through %s, with which it could shadow "+
 				"fenced's tables inside the procedures; revoke it first",
 				role, schema, r.grantText("CREATE TEMPORARY TABLES", schema, account))
+		}
+	}
+	for _, r := range rights {
+		for _, p := range []string{"SUPER", "SET USER"} {
+			if r.level == "global" && slices.Contains(r.privs, p) {
+				return fmt.Errorf("role %s can still create procedures, triggers and views that run as another account, "+
+					"the owner of fenced's tables too, through %s; revoke it first", role, r.grantText(p, schema, account))
+			}
 		}
 	}
 	for _, r := range rights {
