@@ -13,7 +13,8 @@ import (
 // role), and a store connected as a role that may write fenced_resources sends bare
 // statements. Grant refuses such a role, names the right and the membership it comes from,
 // and changes nothing; a role whose level excludes a routine it may still execute through a
-// membership is refused too.
+// membership is refused too, and so are a superuser and a role with CREATEROLE (before
+// PostgreSQL 16 it may make itself a member of the tables' owner).
 func TestGrantRefusesRightsThroughMemberships(t *testing.T) {
 	t.Parallel()
 	ctx := testCtx(t)
@@ -56,6 +57,10 @@ func TestGrantRefusesRightsThroughMemberships(t *testing.T) {
 			exec("GRANT " + group + " TO " + role)
 			exec("ALTER ROLE " + role + " NOINHERIT") // it can still SET ROLE
 		}, nil, []string{"TRIGGER", "fenced_resources", "group"}},
+		{"CREATEROLE", func(role, _ string) { exec("ALTER ROLE " + role + " CREATEROLE") },
+			nil, []string{"CREATEROLE", "member of the owner"}},
+		{"superuser", func(role, _ string) { exec("ALTER ROLE " + role + " SUPERUSER") },
+			nil, []string{"superuser"}},
 		{"a reader with a group's EXECUTE", func(role, group string) {
 			exec("GRANT EXECUTE ON FUNCTION " + rtAcquire.signature() + " TO " + group)
 			exec("GRANT " + group + " TO " + role)

@@ -33,14 +33,20 @@ ORDER BY f.i, m.rolname`
 // checkConfined refuses a role that Grant's revocations did not confine: its own rights and
 // PUBLIC's are gone, but a membership may still let it write fenced's tables (and a store
 // connected as it would then send bare statements) or execute a routine its level excludes.
-// It runs inside Grant's transaction, after the revocations, so a refusal changes nothing.
+// A superuser is refused, and so is a role with CREATEROLE. It runs inside Grant's
+// transaction, after the revocations, so a refusal changes nothing.
 func checkConfined(ctx context.Context, tx pgx.Tx, role string, level driver.Access) error {
-	var super bool
-	if err := tx.QueryRow(ctx, `SELECT rolsuper FROM pg_roles WHERE rolname = $1`, role).Scan(&super); err != nil {
+	var super, createRole bool
+	if err := tx.QueryRow(ctx, `SELECT rolsuper, rolcreaterole FROM pg_roles WHERE rolname = $1`, role).Scan(&super, &createRole); err != nil {
 		return fmt.Errorf("read the attributes of role %s: %w", role, classify(err))
 	}
 	if super {
 		return fmt.Errorf("role %s is a superuser, which may write fenced's tables whatever it is granted; grant a role that is not", role)
+	}
+	if createRole {
+		// Before PostgreSQL 16 CREATEROLE may grant itself any role but a superuser, the owner too.
+		return fmt.Errorf("role %s has CREATEROLE, with which it can make itself a member of the owner of fenced's tables; "+
+			"grant a role without it", role)
 	}
 	var excluded []string
 	for _, rt := range routines {

@@ -170,7 +170,10 @@ func TestGrantRefusesUnconfinedRoleCLI(t *testing.T) {
 			case "postgres":
 				owner = target{t: t, url: postgresSchema(t), dir: t.TempDir()}
 				pgExec(t, owner.url, "CREATE ROLE "+role+" LOGIN")
-				t.Cleanup(func() { pgExec(t, owner.url, "DROP ROLE "+role) })
+				t.Cleanup(func() {
+					pgExec(t, owner.url, "DROP OWNED BY "+role) // what a grant that was not refused gave
+					pgExec(t, owner.url, "DROP ROLE "+role)
+				})
 				pgExec(t, owner.url, "GRANT pg_write_all_data TO "+role)
 				source = "pg_write_all_data"
 			case "mysql":
