@@ -164,6 +164,7 @@ func TestGrantRefusesWriteRights(t *testing.T) {
 		{"update on a column", "GRANT UPDATE (epoch) ON `" + db + "`.fenced_meta TO %s", nil, []string{"UPDATE", "fenced_meta"}},
 		{"set user (a definer of its choice)", "GRANT SET USER ON *.* TO %s", nil, []string{"SET USER", "run as another account"}},
 		{"super", "GRANT SUPER ON *.* TO %s", nil, []string{"SUPER", "run as another account"}},
+		{"delete history", "GRANT DELETE HISTORY ON `" + db + "`.* TO %s", nil, []string{"can still DELETE HISTORY", "GRANT DELETE HISTORY"}},
 		{"drop (truncate)", "GRANT DROP ON `" + db + "`.* TO %s", nil, []string{"DROP"}},
 		{"execute for a reader", "GRANT EXECUTE ON `" + db + "`.* TO %s", reader, []string{"EXECUTE", "fenced_provision", "reader"}},
 		// Grant revokes the account's own EXECUTE on a procedure its level excludes, not a role's.

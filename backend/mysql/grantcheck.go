@@ -83,10 +83,15 @@ func (r accountRight) grantText(priv, schema, account string) string {
 	case r.via != "":
 		to = r.via + ", a role it holds"
 	}
+	return "GRANT " + privName(priv) + " ON " + on + " TO " + to
+}
+
+// privName is a privilege as GRANT spells it.
+func privName(priv string) string {
 	if priv == "DELETE VERSIONING ROWS" {
-		priv = "DELETE HISTORY"
+		return "DELETE HISTORY"
 	}
-	return "GRANT " + priv + " ON " + on + " TO " + to
+	return priv
 }
 
 // checkAccountRights refuses an account that Grant's EXECUTE grants would not confine: one
@@ -135,7 +140,8 @@ func checkAccountRights(ctx context.Context, conn *sql.Conn, role, schema string
 			break
 		}
 	}
-	// Temporary tables first, then writes, then EXECUTE: the refusal names the worst.
+	// Temporary tables first, then a definer of its choice, then writes, then EXECUTE: the
+	// refusal names the worst.
 	for _, r := range rights {
 		if (r.level == "global" || r.level == "db") && slices.Contains(r.privs, "CREATE TEMPORARY TABLES") {
 			return fmt.Errorf("role %s may create temporary tables in %s through %s, with which it could shadow "+
@@ -158,7 +164,7 @@ func checkAccountRights(ctx context.Context, conn *sql.Conn, role, schema string
 		for _, p := range writeRights {
 			if slices.Contains(r.privs, p) {
 				return fmt.Errorf("role %s can still %s fenced's tables directly, without the fence, through %s; revoke it first",
-					role, p, r.grantText(p, schema, account))
+					role, privName(p), r.grantText(p, schema, account))
 			}
 		}
 	}
