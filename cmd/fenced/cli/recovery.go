@@ -101,8 +101,14 @@ func (a *app) grantCmd() *cobra.Command {
 execute those its level includes, and nothing else on fenced's tables (PostgreSQL: SECURITY
 DEFINER functions; MariaDB/MySQL: SQL SECURITY DEFINER procedures; SQL Server: procedures).
 Code connected as that role can then only write through the fence; a store connected as it
-works unchanged. Run it connected as the tables' owner. Not available for SQLite, etcd or
-Redis (exit 2).
+works unchanged. Run it connected as the tables' owner (on MariaDB, with SELECT on the mysql
+database, to read the role's privileges). Not available for SQLite, etcd or Redis (exit 2).
+
+It refuses (exit 1, nothing changed) a role that could get around the routines: one that may
+still write fenced's tables or execute a routine its level excludes through a right it holds
+another way (a group role, pg_write_all_data, a grant on the database, a role's or PUBLIC's),
+a PostgreSQL superuser or CREATEROLE role, a MariaDB account with SUPER or SET USER or one
+that may create temporary tables; the message names the right and where it comes from.
 
 Levels (--as, default worker):
   reader  show, get; nothing that writes
