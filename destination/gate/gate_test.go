@@ -427,7 +427,7 @@ type droppingConn struct {
 func (c *droppingConn) Write(p []byte) (int, error) {
 	n, err := c.Conn.Write(p)
 	if err == nil && bytes.Contains(bytes.ToLower(p), []byte("commit")) && c.d.armed.CompareAndSwap(true, false) {
-		_ = c.Conn.Close()
+		_ = c.Close()
 	}
 	return n, err
 }
