@@ -27,9 +27,12 @@ func Suspend(d time.Duration) { skipped.Add(int64(d)) }
 // A Timer calls its function in its own goroutine once Now reaches its deadline, also when
 // the deadline passed while the machine was suspended.
 type Timer struct {
+	f func()
+	// Guarded by watch.mu: the Go timer of the current arming, which arming it is (a Go timer
+	// of an earlier one that fired as Reset replaced it calls nothing), and the deadline.
 	t        *time.Timer
-	f        func()
-	deadline time.Duration // on Now's clock; guarded by watch.mu
+	armed    uint64
+	deadline time.Duration // on Now's clock
 }
 
 // AfterFunc calls f in its own goroutine once Now reaches deadline.
@@ -37,26 +40,37 @@ func AfterFunc(deadline time.Duration, f func()) *Timer {
 	t := &Timer{f: f}
 	watch.mu.Lock()
 	defer watch.mu.Unlock()
-	t.deadline = deadline
-	t.t = time.AfterFunc(deadline-Now(), t.fire)
-	watch.pending(t)
+	t.arm(deadline)
 	return t
 }
 
-func (t *Timer) fire() {
+// arm starts a Go timer for deadline, a new arming. Called with watch.mu held.
+func (t *Timer) arm(deadline time.Duration) {
+	t.armed++
+	armed := t.armed
+	t.deadline = deadline
+	t.t = time.AfterFunc(deadline-Now(), func() { t.fire(armed) })
+	watch.pending(t)
+}
+
+func (t *Timer) fire(armed uint64) {
 	watch.mu.Lock()
+	if armed != t.armed { // Reset armed it again after this Go timer fired
+		watch.mu.Unlock()
+		return
+	}
 	delete(watch.timers, t)
 	watch.mu.Unlock()
 	t.f()
 }
 
-// Reset moves the deadline; the function runs again if it had run already.
+// Reset moves the deadline; the function runs again if it had run already, and an earlier
+// deadline's run that had not started yet does not happen.
 func (t *Timer) Reset(deadline time.Duration) {
 	watch.mu.Lock()
 	defer watch.mu.Unlock()
-	t.deadline = deadline
-	t.t.Reset(deadline - Now())
-	watch.pending(t)
+	t.t.Stop()
+	t.arm(deadline)
 }
 
 // Stop keeps the function from running, if it has not started.

@@ -55,3 +55,24 @@ func TestWatchStopsWhenIdle(t *testing.T) {
 		t.Fatalf("after the last Timer stopped: %d pending, looking %v", len(watch.timers), watch.look != nil)
 	}
 }
+
+// A Reset that comes after the Go timer of the earlier deadline fired, but before that run
+// began, replaces the run: the run of the earlier arming, when it gets the lock, calls
+// nothing, and the Timer stays watched until its new deadline. The test calls the earlier
+// arming's run itself after the Reset, which is that schedule.
+func TestResetReplacesAFiredRun(t *testing.T) {
+	runs := make(chan struct{}, 2)
+	tm := AfterFunc(Now()+time.Hour, func() { runs <- struct{}{} })
+	defer tm.Stop()
+	watch.mu.Lock()
+	earlier := tm.armed
+	watch.mu.Unlock()
+	tm.Reset(Now() + 2*time.Hour)
+	tm.fire(earlier)
+	watch.mu.Lock()
+	_, watched := watch.timers[tm]
+	watch.mu.Unlock()
+	if len(runs) != 0 || !watched {
+		t.Fatalf("the earlier arming's run after a Reset: %d runs, watched %v; want none, and watched", len(runs), watched)
+	}
+}
