@@ -106,22 +106,29 @@ func serverStart(ctx context.Context, drv driver.Driver) (start string, ok bool,
 	return "", false, nil
 }
 
+// errNotRestarted is restartLanded's answer when the server's start never changed: the
+// server certainly did not restart.
+var errNotRestarted = errors.New("the server did not restart")
+
 // restartLanded checks, after a restart that reported success, that the server's start
 // changed from before (serverStart). It asks again for up to 15 s: the first requests after a
-// restart may go to connections the restart closed.
+// restart may go to connections the restart closed, or to the server before a restart command
+// that returned early has stopped it.
 func restartLanded(ctx context.Context, drv driver.Driver, before string) error {
 	ctx, cancel := context.WithTimeout(ctx, 15*time.Second)
 	defer cancel()
+	sameStart := false
 	for {
 		after, _, err := serverStart(ctx, drv)
-		switch {
-		case err == nil && after == before:
-			return fmt.Errorf("the server did not restart: its start (%s) is the same as before", before)
-		case err == nil:
+		if err == nil && after != before {
 			return nil
 		}
+		sameStart = err == nil
 		select {
 		case <-ctx.Done():
+			if sameStart {
+				return fmt.Errorf("%w: its start (%s) is the same as before", errNotRestarted, before)
+			}
 			return fmt.Errorf("the restart is not confirmed: the server's start could not be read after it: %w", err)
 		case <-time.After(100 * time.Millisecond): // polling the server's state, not ordering work
 		}
