@@ -29,7 +29,7 @@ const exitCodesHelp = `Exit codes:
   1  operational error (database unreachable, I/O, a write sent to a read-only standby,
      an acquisition after a restore or promotion until "fenced epoch bump", a bearer
      token that "fenced serve" does not know, a run interrupted by SIGINT, SIGTERM or
-     SIGHUP)
+     SIGHUP; while still waiting with --wait such an interrupt ends the wait: 3)
   2  usage or invalid input (bad flag, argument, duration, generation, token, payload
      too large)
   3  busy: another owner holds an unexpired lease

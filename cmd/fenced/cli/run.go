@@ -88,8 +88,8 @@ acquiring (exit 2): S3's content-hash ETags cannot fence an object. If a destina
 fenced, COMMAND does not run and the exit code is 5 when it already holds a newer token, 4
 when it does not know the resource, 1 when it cannot be reached.
 
-The command is trusted only while the lease is: until acquired + TTL - safety margin on this
-machine's monotonic clock, extended by each successful renewal with --renew. When the lease
+The command is trusted only while the lease is: until acquired + TTL - safety margin on a
+clock of this machine that counts a suspend (CLOCK_BOOTTIME on Linux), extended by each successful renewal with --renew. When the lease
 is lost (a renewal refused, or the trust window ends) the command's process group gets
 SIGTERM, then SIGKILL once --grace has passed, whether or not COMMAND itself has exited by
 then; nothing is published and the exit code is 5. The grace defaults to half the safety
@@ -171,6 +171,9 @@ artifact store, and the payload published is a pointer to it.`,
 	return cmd
 }
 
+// outputWait bounds the wait for the command's standard output to close once it has exited.
+const outputWait = 10 * time.Second
+
 // maxGrace is the longest default --grace.
 const maxGrace = 10 * time.Second
 
@@ -209,7 +212,12 @@ func (a *app) runCommand(ctx context.Context, l *fenced.Lease, argv []string, gr
 
 // runCommandTo runs argv with the lease in its environment, its standard output going to out.
 func (a *app) runCommandTo(ctx context.Context, l *fenced.Lease, argv []string, grace time.Duration, azureLease bool, out io.Writer) error {
-	if ctx.Err() != nil { // the lease was lost before the command could start
+	// The lease lost before the command could start: Err reads the clock itself, so a window
+	// that a suspend ended shows here before ctx, which follows Done, has ended.
+	if err := l.Err(); err != nil {
+		return err
+	}
+	if ctx.Err() != nil {
 		return stopCause(ctx, argv[0], "was not started")
 	}
 	c := exec.Command(argv[0], argv[1:]...)
@@ -217,7 +225,9 @@ func (a *app) runCommandTo(ctx context.Context, l *fenced.Lease, argv []string, 
 	c.Stdin, c.Stderr = a.stdin, a.stderr
 	c.Stdout = out
 	c.SysProcAttr = commandProcAttr()
-	c.WaitDelay = grace // a grandchild that keeps stdout open cannot hold us forever
+	// A grandchild that keeps stdout open after the command exited cannot hold us forever;
+	// the grace may be a few milliseconds, too short for a command's last output.
+	c.WaitDelay = max(grace, outputWait)
 	// The kernel sends a parent-death signal when the thread that started the command ends,
 	// not the process (go.dev/issue/27505): keep this goroutine on its thread from Start to
 	// Wait, so that no other goroutine can end that thread while the command runs.

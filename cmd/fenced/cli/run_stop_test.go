@@ -6,9 +6,11 @@ import (
 	"bufio"
 	"bytes"
 	"errors"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -77,7 +79,15 @@ func eventually(t *testing.T, within time.Duration, cond func() bool) bool {
 // first, which startRun returns once read, the rest of stderr still to be read.
 func startRun(t *testing.T, tg target, args ...string) (*exec.Cmd, *bufio.Reader, int) {
 	t.Helper()
-	cmd := exec.Command(bin, args...)
+	return startRunVia(t, tg, nil, args...)
+}
+
+// startRunVia is startRun with fenced started through wrapper (a command that execs its
+// arguments), if any.
+func startRunVia(t *testing.T, tg target, wrapper []string, args ...string) (*exec.Cmd, *bufio.Reader, int) {
+	t.Helper()
+	argv := append(append(slices.Clone(wrapper), bin), args...)
+	cmd := exec.Command(argv[0], argv[1:]...)
 	cmd.Dir = tg.dir
 	cmd.Env = append(os.Environ(), "FENCED_DB="+tg.url)
 	stderr, err := cmd.StderrPipe()
@@ -169,5 +179,48 @@ func TestRunKillsGroupAfterLeaderExits(t *testing.T) {
 	}
 	if !eventually(t, 10*time.Second, func() bool { return !alive(side) }) {
 		t.Fatalf("the group member %d that ignored SIGTERM survived the grace", side)
+	}
+}
+
+// TestRunUnderNohupKeepsHangupIgnored: a fenced started with SIGHUP ignored (nohup) leaves it
+// ignored, so that the hang-up nohup was asked to ignore does not stop the run. Asking the
+// runtime for SIGHUP would undo the ignoring; /proc shows which it did, and the run, sent a
+// SIGHUP, publishes its command's output.
+func TestRunUnderNohupKeepsHangupIgnored(t *testing.T) {
+	tg := runTarget(t)
+	goFile := filepath.Join(tg.dir, "go")
+	cmd, stderr, _ := startRunVia(t, tg, []string{"sh", "-c", `trap "" HUP; exec "$0" "$@"`},
+		"run", "job", "--ttl", "30s", "--", "sh", "-c", `echo $$ >&2; while [ ! -e `+goFile+` ]; do sleep .05; done; echo published`)
+	status, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", cmd.Process.Pid))
+	if err != nil {
+		t.Fatal(err)
+	}
+	const hup = 1 << (syscall.SIGHUP - 1)
+	for _, line := range strings.Split(string(status), "\n") {
+		field, mask, ok := strings.Cut(line, ":\t")
+		if !ok || field != "SigIgn" && field != "SigCgt" {
+			continue
+		}
+		bits, err := strconv.ParseUint(strings.TrimSpace(mask), 16, 64)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if ignored := bits&hup != 0; ignored != (field == "SigIgn") {
+			t.Fatalf("fenced under nohup: %s %s; want SIGHUP ignored, not caught", field, mask)
+		}
+	}
+	if err := cmd.Process.Signal(syscall.SIGHUP); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(goFile, nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	rest := new(bytes.Buffer)
+	_, _ = rest.ReadFrom(stderr)
+	if err := cmd.Wait(); err != nil {
+		t.Fatalf("fenced under nohup after a SIGHUP: %v (stderr %q)", err, rest)
+	}
+	if st := tg.show("job"); st.PublishedGeneration == 0 {
+		t.Fatalf("nothing published: %+v", st)
 	}
 }

@@ -40,11 +40,11 @@ func (a *app) serveCmd() *cobra.Command {
 		Use:   "serve [--listen ADDR] [--tokens FILE] [--tls-cert FILE --tls-key FILE] [--insecure] [--max-wait D]",
 		Short: "Serve the fenced HTTP/JSON API over the database, for programs in any language",
 		Long: `serve answers the fenced API (described at /openapi.json) over the database given by --db,
-until SIGINT or SIGTERM; then requests in flight finish (up to ` + shutdownGrace.String() + `) and it exits.
+until SIGINT, SIGTERM or SIGHUP (unless started under nohup); then requests in flight finish (up to ` + shutdownGrace.String() + `) and it exits.
 
 Without --tokens the service needs no setup and answers only clients on the loopback
 interface, addressed as localhost or a loopback address, and refuses requests that a browser
-marks as sent by another site's page (Origin, Sec-Fetch-Site). A tokens file admits bearer tokens, each with a role (reader, worker, admin) and
+marks as sent by another origin's page (Origin, Sec-Fetch-Site), even on the same host. A tokens file admits bearer tokens, each with a role (reader, worker, admin) and
 resource-name prefixes; "fenced serve-token" makes one. Listening beyond loopback needs TLS
 (--tls-cert and --tls-key), or --insecure to accept plain HTTP on a network you trust.
 
