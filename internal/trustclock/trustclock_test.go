@@ -76,3 +76,19 @@ func TestResetReplacesAFiredRun(t *testing.T) {
 		t.Fatalf("the earlier arming's run after a Reset: %d runs, watched %v; want none, and watched", len(runs), watched)
 	}
 }
+
+// The watch looks by itself while a Timer is pending: after a suspend, the Timer fires within
+// about a second without anyone calling Look (the bound below is generous for a loaded
+// machine; the watch's own period is one second). The mutant whose watch never starts its
+// looks leaves the Timer an hour away.
+func TestWatchLooksByItself(t *testing.T) {
+	fired := make(chan struct{})
+	tm := AfterFunc(Now()+time.Hour, func() { close(fired) })
+	defer tm.Stop()
+	Suspend(2 * time.Hour)
+	select {
+	case <-fired:
+	case <-time.After(10 * every):
+		t.Fatal("no look of the watch fired a Timer whose deadline a suspend had passed")
+	}
+}
