@@ -35,7 +35,7 @@ func waitDone(t *testing.T, l *Lease, what string) {
 	}
 }
 
-// The trust window counts time the machine spends suspended (CORRECTNESS.md, invariant 11):
+// The trust window counts time the machine spends suspended (docs/INVARIANTS.md, invariant 11):
 // after a suspend longer than the window, Err reports the lease lost at once, and Done closes
 // at the clock watch's next look (Look here, so as not to wait for the second). With Go's own
 // timer, which stops with CLOCK_MONOTONIC, Done stayed open for the rest of the minute.

@@ -42,7 +42,7 @@ import (
 //     server does while the client sleeps, and as the holder's trust window does: Go's
 //     monotonic clock, which the pool read before, stops during a suspend on Linux, so a
 //     window stayed open across one and an acquisition took a lease that etcd could expire
-//     before its start + TTL, inside the holder's trust window (CORRECTNESS.md, invariant
+//     before its start + TTL, inside the holder's trust window (docs/INVARIANTS.md, invariant
 //     11; TestPooledLeaseAfterASuspend). So an etcd lease granted ahead outlives the acquisition's
 //     start + TTL by at most B, plus the delay with which etcd itself revokes an expired
 //     lease (its lessor looks for them every 500 ms); an etcd lease granted during the

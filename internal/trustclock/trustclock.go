@@ -1,5 +1,5 @@
 // Package trustclock is the clock of a lease's trust window. The window must keep counting
-// while the process, the machine or its VM is stopped or suspended (CORRECTNESS.md, invariant
+// while the process, the machine or its VM is stopped or suspended (docs/INVARIANTS.md, invariant
 // 11), but Go's monotonic readings and its timers run on CLOCK_MONOTONIC, which stops during a
 // suspend on Linux: a holder resumed after five minutes would trust its lease for the rest of
 // a window that the database ended long ago. Here the time is read from a clock that counts

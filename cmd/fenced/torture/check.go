@@ -11,7 +11,7 @@ import (
 	"github.com/anishathalye/porcupine"
 )
 
-// Invariant names, numbered as in CORRECTNESS.md.
+// Invariant names, numbered as in docs/INVARIANTS.md.
 const (
 	InvLinearizable     = "model: every resource's history is linearizable against the protocol model"
 	InvUniqueTokens     = "1 unique tokens: no two acknowledged acquisitions share a token (epoch, generation)"

@@ -1,7 +1,7 @@
 // Package torture is the engine behind "fenced torture": worker processes record every
 // operation they send to the database as a CALL before the request and a RETURN after the
 // reply, a nemesis injects faults on a schedule derived from a seed, and a checker holds the
-// merged history to the protocol's invariants (docs/TORTURE.md, /CORRECTNESS.md).
+// merged history to the protocol's invariants (docs/TORTURE.md, docs/INVARIANTS.md).
 //
 // The pieces:
 //
