@@ -539,3 +539,36 @@ WHERE ROUTINE_SCHEMA = DATABASE() AND ROUTINE_NAME = 'fenced_renew'`).Scan(&def)
 		t.Fatalf("renew after granting again: %v", err)
 	}
 }
+
+// TestProcedureErrorRestoresZone holds utcZone's handler to its comment: a procedure that ends
+// in an error (here the prefix check's refusal) puts the caller's time zone back, as one that
+// ends normally does. A numeric zone needs no time zone tables.
+func TestProcedureErrorRestoresZone(t *testing.T) {
+	t.Parallel()
+	ctx := testCtx(t)
+	dbURL := mysql.CreateTestDatabase(t)
+	owner := open(t, dbURL)
+	ownerStore := newStore(t, owner)
+	if err := ownerStore.Provision(ctx, "b/outside ü"); err != nil {
+		t.Fatal(err)
+	}
+	role, roleURL := newUser(t, owner, dbURL)
+	if err := ownerStore.Grant(ctx, role, &fenced.GrantOptions{Prefixes: []string{"a/"}}); err != nil {
+		t.Fatal(err)
+	}
+	worker := open(t, roleURL)
+	worker.DB().SetMaxOpenConns(1) // one session, so that its zone holds across the calls
+	if err := worker.Migrate(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := worker.DB().ExecContext(ctx, `SET time_zone = '+05:30'`); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := worker.Acquire(ctx, "b/outside ü", "w", time.Minute); !errors.Is(err, fenced.ErrPermissionDenied) {
+		t.Fatalf("acquire outside the prefixes: %v, want permission denied", err)
+	}
+	var zone string
+	if err := worker.DB().QueryRowContext(ctx, `SELECT @@session.time_zone`).Scan(&zone); err != nil || zone != "+05:30" {
+		t.Errorf("the session's time zone after a refused call is %q (%v), want +05:30 as the session set it", zone, err)
+	}
+}
